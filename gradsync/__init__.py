@@ -1,0 +1,8 @@
+"""gradsync: data-parallel training for PyTorch, in readable Python. A drop-in for torch's DDP."""
+
+from gradsync.comm.grad_bucket import GradBucket
+from gradsync.ddp import DistributedDataParallel
+
+__version__ = "0.1.0"
+
+__all__ = ["DistributedDataParallel", "GradBucket", "__version__"]

@@ -1,0 +1,58 @@
+"""GradBucket: what a communication hook sees of one bucket, with torch's method names.
+
+torch's hooks (``torch.distributed.algorithms.ddp_comm_hooks``) call ``buffer()``, ``index()``, ``is_last()``,
+``gradients()``, ``parameters()`` and ``set_buffer()``; giving them the same object lets them run unchanged.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class GradBucket:
+    """A bucket of flattened gradients handed to a communication hook.
+
+    Example (a hook that sums instead of averaging)::
+
+        def sum_hook(state, bucket: GradBucket) -> torch.futures.Future[torch.Tensor]:
+            work = dist.all_reduce(bucket.buffer(), group=state, async_op=True)
+            return work.get_future().then(lambda fut: fut.value()[0])
+    """
+
+    def __init__(
+        self,
+        index: int,
+        buffer: torch.Tensor,
+        gradients: list[torch.Tensor],
+        parameters: list[torch.Tensor],
+        is_last: bool,
+    ) -> None:
+        self._index = index
+        self._buffer = buffer
+        self._gradients = gradients
+        self._parameters = parameters
+        self._is_last = is_last
+
+    def index(self) -> int:
+        """Position of this bucket in launch order (0 is reduced first)."""
+        return self._index
+
+    def buffer(self) -> torch.Tensor:
+        """The flat 1-D tensor holding every gradient of this bucket."""
+        return self._buffer
+
+    def gradients(self) -> list[torch.Tensor]:
+        """One view of ``buffer()`` per parameter, shaped like the parameter."""
+        return self._gradients
+
+    def parameters(self) -> list[torch.Tensor]:
+        """The parameters whose gradients this bucket holds, in buffer order."""
+        return self._parameters
+
+    def is_last(self) -> bool:
+        """True for the last bucket of the iteration (hooks use it to count iterations)."""
+        return self._is_last
+
+    def set_buffer(self, buffer: torch.Tensor) -> None:
+        """Replace the contents of the bucket's buffer (used by hooks that compress in place)."""
+        self._buffer.copy_(buffer)

@@ -1,0 +1,184 @@
+"""DistributedDataParallel: construction, forward, no_sync and comm hooks around gradsync's own reducer.
+
+A drop-in for ``torch.nn.parallel.DistributedDataParallel``: same class name, argument names and meanings, so a
+training script changes one import. The gradient averaging itself lives in :mod:`gradsync.reducer`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from gradsync.reducer.reducer import CommHook, Reducer
+from gradsync.reducer.unused import unused_parameter_indices
+from gradsync.replicas import broadcast_tensors, verify_same_parameters
+from gradsync.tree import iter_tensors, map_tensors
+
+_UNSUPPORTED = ("delay_all_reduce_named_params", "param_to_hook_all_reduce", "mixed_precision", "device_mesh")
+
+
+class DistributedDataParallel(nn.Module):
+    """Data parallelism: each process holds a replica of ``module``; gradients are averaged during backward.
+
+    Arguments mean what they mean for torch's DDP. After ``loss.backward()`` returns, every parameter's ``.grad``
+    holds the average over the process group, so ``optimizer.step()`` keeps all replicas identical and training
+    equals one process training on all ranks' batches at once.
+
+    Example::
+
+        dist.init_process_group("gloo")
+        model = gradsync.DistributedDataParallel(MyModel())
+        loss = loss_fn(model(x), y)
+        loss.backward()          # gradients are averaged across ranks here
+        optimizer.step()
+
+    ``state_dict()`` keys carry the ``module.`` prefix, as torch's do; :meth:`module_state_dict` and
+    :meth:`load_module_state_dict` read and write the unprefixed state of the wrapped model.
+    """
+
+    def __init__(
+        self,
+        module: nn.Module,
+        device_ids: Sequence[int | torch.device] | None = None,
+        output_device: int | torch.device | None = None,
+        dim: int = 0,
+        broadcast_buffers: bool = True,
+        init_sync: bool = True,
+        process_group: dist.ProcessGroup | None = None,
+        bucket_cap_mb: float | None = None,
+        find_unused_parameters: bool = False,
+        check_reduction: bool = False,
+        gradient_as_bucket_view: bool = False,
+        static_graph: bool = False,
+        **unsupported: Any,
+    ) -> None:
+        super().__init__()
+        for name in unsupported:
+            hint = "gradsync does not implement it yet" if name in _UNSUPPORTED else "torch's DDP has no such argument"
+            raise TypeError(f"gradsync.DistributedDataParallel: unexpected argument '{name}' ({hint})")
+        if not isinstance(module, nn.Module):
+            raise TypeError(f"gradsync.DistributedDataParallel wraps an nn.Module, got {type(module).__name__}")
+        if not dist.is_available() or not dist.is_initialized():
+            raise RuntimeError(
+                "gradsync.DistributedDataParallel needs an initialised process group: call gradsync.init() or "
+                "torch.distributed.init_process_group(...) before wrapping the model."
+            )
+        named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
+        if not named:
+            raise ValueError(
+                "gradsync.DistributedDataParallel: the module has no parameter that requires grad, so there is "
+                "nothing to synchronise. Wrap a module with trainable parameters (or do not wrap this one)."
+            )
+        if device_ids is not None and len(device_ids) > 1:
+            raise ValueError(
+                f"device_ids={list(device_ids)}: one process per device is supported (torch deprecated "
+                "single-process multi-device); start one process per GPU and pass device_ids=[local_rank]."
+            )
+        self.module = module
+        self.process_group = process_group if process_group is not None else dist.group.WORLD
+        self.device_ids = [_device_index(d) for d in device_ids] if device_ids else None
+        self.output_device = _device_index(output_device) if output_device is not None else None
+        self.dim = dim
+        self.broadcast_buffers = broadcast_buffers
+        self.find_unused_parameters = find_unused_parameters
+        self.gradient_as_bucket_view = gradient_as_bucket_view
+        self.static_graph = static_graph
+        self.require_backward_grad_sync = True
+        self._static_unused: list[int] | None = None
+
+        verify_same_parameters(list(module.named_parameters()), self.process_group)
+        self._buffers_to_sync = [b for b in module.buffers()]
+        if init_sync:
+            broadcast_tensors([p.detach() for p in module.parameters()] + self._buffers_to_sync, self.process_group)
+        self._params = [p for _, p in named]
+        self.reducer = Reducer(
+            self._params,
+            [n for n, _ in named],
+            self.process_group,
+            bucket_cap_mb=bucket_cap_mb,
+            gradient_as_bucket_view=gradient_as_bucket_view,
+            find_unused_parameters=find_unused_parameters,
+            static_graph=static_graph,
+        )
+        self._comm_hook_registered = False
+
+    # ------------------------------------------------------------------------------------------------- forward
+    def forward(self, *inputs: Any, **kwargs: Any) -> Any:
+        sync = torch.is_grad_enabled() and self.require_backward_grad_sync
+        if sync:
+            # Before the forward, when memory is lowest and all ranks are at the same point (torch does the same).
+            self.reducer.rebuild_buckets_if_pending()
+            if self.broadcast_buffers and self._buffers_to_sync and dist.get_world_size(self.process_group) > 1:
+                broadcast_tensors(self._buffers_to_sync, self.process_group)
+        if self.device_ids is not None:
+            device = torch.device(self._params[0].device.type, self.device_ids[0])
+            inputs, kwargs = map_tensors(lambda t: t.to(device, non_blocking=True), (inputs, kwargs))
+        output = self.module(*inputs, **kwargs)
+        if sync:
+            self.reducer.prepare_for_backward(self._unused_parameters(output))
+        elif torch.is_grad_enabled():
+            self.reducer.skip_next_backward()
+        return output
+
+    def _unused_parameters(self, output: Any) -> list[int]:
+        if self.find_unused_parameters and not self.static_graph:
+            return unused_parameter_indices(iter_tensors(output), self._params)
+        if self.static_graph:  # the first iteration's graph stands for all later ones (torch's static_graph)
+            if self._static_unused is None:
+                self._static_unused = unused_parameter_indices(iter_tensors(output), self._params)
+            return self._static_unused
+        return []
+
+    # ------------------------------------------------------------------------------------------- sync control
+    @contextlib.contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """Accumulate gradients locally in the backward passes run inside; the next synced one averages the sum.
+
+        >>> with ddp.no_sync():
+        ...     ddp(x1).sum().backward()   # local only
+        >>> ddp(x2).sum().backward()       # averages grads of x1 and x2  # doctest: +SKIP
+        """
+        previous = self.require_backward_grad_sync
+        self.require_backward_grad_sync = False
+        try:
+            yield
+        finally:
+            self.require_backward_grad_sync = previous
+
+    def register_comm_hook(self, state: object, hook: CommHook) -> None:
+        """Replace how each bucket is reduced; same contract as torch's ``register_comm_hook``.
+
+        ``hook(state, bucket) -> torch.futures.Future[torch.Tensor]``; the future's value becomes the bucket's
+        averaged gradients. Register once, before the first backward.
+        """
+        if not callable(hook):
+            raise TypeError(f"register_comm_hook: hook must be callable, got {type(hook).__name__}")
+        if self._comm_hook_registered:
+            raise RuntimeError("register_comm_hook: a communication hook is already registered; register only once.")
+        if self.reducer.iteration > 0:
+            raise RuntimeError("register_comm_hook: register the hook before the first backward pass.")
+        self.reducer.comm_state = state
+        self.reducer.comm_hook = hook
+        self._comm_hook_registered = True
+
+    # ---------------------------------------------------------------------------------------------- state
+    def module_state_dict(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        """The wrapped model's state dict, without the ``module.`` prefix (what a plain model loads)."""
+        return self.module.state_dict(*args, **kwargs)
+
+    def load_module_state_dict(self, state_dict: Mapping[str, Any], strict: bool = True) -> Any:
+        """Load an unprefixed state dict (from a plain model or :meth:`module_state_dict`) into the wrapped model."""
+        return self.module.load_state_dict(state_dict, strict=strict)
+
+
+def _device_index(device: int | torch.device) -> int:
+    if isinstance(device, torch.device):
+        if device.index is None:
+            raise ValueError(f"device {device} has no index; pass e.g. torch.device('cuda', local_rank)")
+        return device.index
+    return int(device)

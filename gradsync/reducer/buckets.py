@@ -1,0 +1,79 @@
+"""Bucket assignment (pure) and the flat Bucket that holds one group of gradients.
+
+Li et al. (VLDB 2020, section 3.2.3): all-reducing many small tensors is far slower than a few large ones, so
+gradients are packed into flat buffers ("buckets") of about ``bucket_cap_mb`` each and reduced together.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+MIB = 1024 * 1024
+DEFAULT_BUCKET_CAP_MB = 25.0
+# torch's dist._DEFAULT_FIRST_BUCKET_BYTES: the first-launched bucket is small so communication starts early.
+DEFAULT_FIRST_BUCKET_BYTES = 1 * MIB
+
+
+def assign_buckets(
+    tensors: Sequence[torch.Tensor], order: Sequence[int], size_limits: Sequence[int]
+) -> list[list[int]]:
+    """Group tensor indices, taken in ``order``, into buckets of one dtype and device each.
+
+    Same rule as torch's ``_compute_bucket_assignment_by_size`` when given an explicit order: a bucket closes as
+    soon as its byte size reaches its limit; the k-th bucket of a (dtype, device) uses ``size_limits[k]`` and all
+    later ones the last limit. Buckets come out in the order they close (then the unfilled ones), which is the order
+    they will be launched.
+
+    >>> ts = [torch.zeros(4), torch.zeros(4), torch.zeros(4)]
+    >>> assign_buckets(ts, [2, 1, 0], [16, 1 << 20])
+    [[2], [1, 0]]
+    """
+    if sorted(order) != list(range(len(tensors))):
+        raise ValueError(f"order must be a permutation of range({len(tensors)}), got {list(order)}")
+    if not size_limits or any(limit <= 0 for limit in size_limits):
+        raise ValueError(f"size_limits must be positive byte counts, got {list(size_limits)}")
+    open_buckets: dict[tuple, list[int]] = {}
+    open_sizes: dict[tuple, int] = {}
+    closed_count: dict[tuple, int] = {}
+    result: list[list[int]] = []
+    for i in order:
+        t = tensors[i]
+        key = (t.dtype, t.device)
+        open_buckets.setdefault(key, []).append(i)
+        open_sizes[key] = open_sizes.get(key, 0) + t.numel() * t.element_size()
+        limit = size_limits[min(closed_count.get(key, 0), len(size_limits) - 1)]
+        if open_sizes[key] >= limit:
+            result.append(open_buckets.pop(key))
+            del open_sizes[key]
+            closed_count[key] = closed_count.get(key, 0) + 1
+    result.extend(b for b in open_buckets.values() if b)
+    return result
+
+
+class Bucket:
+    """One flat buffer and a shaped view of it for each of its parameters.
+
+    ``pending`` counts the parameters whose gradient has not yet arrived in this backward pass.
+    """
+
+    def __init__(self, index: int, param_indices: list[int], params: Sequence[torch.Tensor]) -> None:
+        self.index = index
+        self.param_indices = param_indices
+        members = [params[i] for i in param_indices]
+        total = sum(p.numel() for p in members)
+        self.buffer = torch.zeros(total, dtype=members[0].dtype, device=members[0].device)
+        self.views: list[torch.Tensor] = []
+        offset = 0
+        for p in members:
+            self.views.append(self.buffer[offset : offset + p.numel()].view_as(p))
+            offset += p.numel()
+        self.pending = len(param_indices)
+
+    @property
+    def nbytes(self) -> int:
+        return self.buffer.numel() * self.buffer.element_size()
+
+    def reset(self) -> None:
+        self.pending = len(self.param_indices)

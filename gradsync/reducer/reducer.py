@@ -1,0 +1,254 @@
+"""The fast reducer: gradient hooks → bucket → asynchronous all-reduce, overlapped with backward.
+
+The path of one gradient (DESIGN.md; Li et al., VLDB 2020, section 3.2): autograd accumulates ``param.grad`` and
+fires the parameter's post-accumulate-grad hook; the hook copies the gradient into its bucket slot; when a bucket
+is full and every earlier bucket has been launched, its communication hook runs (an async all-reduce by default),
+so communication overlaps the rest of backward. One callback queued on the autograd engine waits for every bucket
+at the end of backward and writes the averages back, so ``.grad`` is final when ``backward()`` returns.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from gradsync.comm.default_hooks import allreduce_hook
+from gradsync.comm.grad_bucket import GradBucket
+from gradsync.peer_errors import describe_peer_errors, post_error
+from gradsync.reducer.buckets import DEFAULT_BUCKET_CAP_MB, DEFAULT_FIRST_BUCKET_BYTES, MIB, Bucket, assign_buckets
+
+CommHook = Callable[[Any, GradBucket], torch.futures.Future]
+
+
+class _Phase(enum.Enum):
+    IDLE = "idle"  # no synced forward prepared: hooks let gradients accumulate locally (no_sync)
+    PREPARED = "prepared"  # a synced forward ran; the next backward reduces
+    REDUCING = "reducing"  # inside that backward
+    FINISHED = "finished"  # reduced; a second backward before the next forward is an error
+
+
+class Reducer:
+    """Averages the gradients of ``params`` across ``process_group`` during backward.
+
+    Used by :class:`gradsync.DistributedDataParallel`; call :meth:`prepare_for_backward` after each forward whose
+    backward should synchronise. ``names[i]`` names ``params[i]`` in error messages.
+    """
+
+    def __init__(
+        self,
+        params: Sequence[torch.nn.Parameter],
+        names: Sequence[str],
+        process_group: dist.ProcessGroup,
+        bucket_cap_mb: float | None = None,
+        gradient_as_bucket_view: bool = False,
+        find_unused_parameters: bool = False,
+        static_graph: bool = False,
+    ) -> None:
+        if bucket_cap_mb is not None and not bucket_cap_mb > 0:
+            raise ValueError(f"bucket_cap_mb must be > 0 (MiB per bucket), got {bucket_cap_mb!r}")
+        self.params = list(params)
+        self.names = list(names)
+        self.process_group = process_group
+        self.gradient_as_bucket_view = gradient_as_bucket_view
+        cap_bytes = int((bucket_cap_mb if bucket_cap_mb is not None else DEFAULT_BUCKET_CAP_MB) * MIB)
+        # torch shrinks the first bucket only when the user kept the default cap.
+        first_bytes = min(DEFAULT_FIRST_BUCKET_BYTES, cap_bytes) if bucket_cap_mb is None else cap_bytes
+        self.size_limits = [max(first_bytes, 1), max(cap_bytes, 1)]
+        # Usage is tracked (and globally unused parameters left untouched) as torch does for these two modes.
+        self._track_usage = find_unused_parameters or static_graph
+        # With a dynamic graph the ready order changes between iterations, so torch never rebuilds then.
+        self._rebuild_allowed = static_graph or not find_unused_parameters
+        self.comm_state: Any = process_group
+        self.comm_hook: CommHook = allreduce_hook
+        self.iteration = 0  # synced backward passes completed
+        self.rebuilt = False
+        self._rebuild_pending = False
+        self._ready_order: list[int] = []
+        self._phase = _Phase.IDLE
+        self._build(list(reversed(range(len(self.params)))))
+        self._handles = [p.register_post_accumulate_grad_hook(self._make_hook(i)) for i, p in enumerate(self.params)]
+
+    # ----------------------------------------------------------------------------------------------- buckets
+    def _build(self, order: Sequence[int]) -> None:
+        groups = assign_buckets(self.params, order, self.size_limits)
+        self.buckets = [Bucket(k, g, self.params) for k, g in enumerate(groups)]
+        self._where: list[tuple[Bucket, int]] = [None] * len(self.params)  # type: ignore[list-item]
+        for bucket in self.buckets:
+            for slot, i in enumerate(bucket.param_indices):
+                self._where[i] = (bucket, slot)
+        self._grad_buckets = [
+            GradBucket(b.index, b.buffer, b.views, [self.params[i] for i in b.param_indices], b.index == len(groups) - 1)
+            for b in self.buckets
+        ]
+        if self.gradient_as_bucket_view:  # keep accumulated values, but from now on .grad lives in the bucket
+            for bucket in self.buckets:
+                for view, i in zip(bucket.views, bucket.param_indices):
+                    p = self.params[i]
+                    if p.grad is not None:
+                        view.copy_(p.grad)
+                        p.grad = view
+
+    def rebuild_buckets_if_pending(self) -> bool:
+        """Rebuild once, after the first synced iteration, from the observed ready order (rank 0's everywhere).
+
+        Gradients become ready in execution order, not registration order; bucketing in that order lets each
+        bucket launch as early as possible (Li et al., section 3.2.3). Every rank must build identical buckets or
+        their collectives would not match, hence the broadcast. Called at a forward, when all ranks are in step.
+        """
+        if not self._rebuild_pending:
+            return False
+        seen = set(self._ready_order)
+        order = self._ready_order + [i for i in reversed(range(len(self.params))) if i not in seen]
+        order_t = torch.tensor(order, dtype=torch.int64, device=self.params[0].device)
+        dist.broadcast(order_t, src=dist.get_global_rank(self.process_group, 0), group=self.process_group)
+        self._build(order_t.tolist())
+        self._rebuild_pending = False
+        self.rebuilt = True
+        return True
+
+    # ----------------------------------------------------------------------------------------------- per step
+    def prepare_for_backward(self, unused: Sequence[int] = ()) -> None:
+        """Arm the next backward to reduce; ``unused`` parameters are counted ready with their current grad."""
+        for bucket in self.buckets:
+            bucket.reset()
+        self._ready = bytearray(len(self.params))
+        self._used = bytearray(len(self.params)) if self._track_usage else None
+        self._futures: list[torch.futures.Future | None] = [None] * len(self.buckets)
+        self._next_launch = 0
+        self._unused = unused
+        self._record_order = self._rebuild_allowed and not self.rebuilt and self.iteration == 0
+        self._phase = _Phase.PREPARED
+
+    def skip_next_backward(self) -> None:
+        """Let the next backward accumulate gradients locally (no_sync / require_backward_grad_sync=False)."""
+        self._phase = _Phase.IDLE
+
+    def _make_hook(self, index: int) -> Callable[[torch.Tensor], None]:
+        def hook(_param: torch.Tensor) -> None:
+            phase = self._phase
+            if phase is _Phase.IDLE:
+                return
+            if phase is _Phase.PREPARED:
+                self._phase = _Phase.REDUCING
+                torch.autograd.Variable._execution_engine.queue_callback(self._finalize)
+                for j in self._unused:
+                    self._mark_ready(j)
+            elif phase is _Phase.FINISHED:
+                raise RuntimeError(
+                    f"gradsync: backward() reached parameter '{self.names[index]}' again after its gradients were "
+                    "already averaged for this forward. Run forward() before each backward(), or wrap extra "
+                    "backward passes in ddp.no_sync()."
+                )
+            if self._used is not None:
+                self._used[index] = 1
+            self._mark_ready(index)
+
+        return hook
+
+    def _mark_ready(self, i: int) -> None:
+        if self._ready[i]:
+            raise RuntimeError(
+                f"gradsync: parameter '{self.names[i]}' became ready twice in one backward pass. This happens with "
+                "reentrant backward (checkpointing with use_reentrant=True) or a parameter reported unused that "
+                "still got a gradient; use use_reentrant=False, or static_graph=True."
+            )
+        self._ready[i] = 1
+        if self._record_order:
+            self._ready_order.append(i)
+        bucket, slot = self._where[i]
+        view = bucket.views[slot]
+        param = self.params[i]
+        grad = param.grad
+        if grad is None:
+            view.zero_()
+        elif grad.data_ptr() != view.data_ptr():
+            view.copy_(grad)
+            if self.gradient_as_bucket_view:
+                param.grad = view
+        bucket.pending -= 1
+        if bucket.pending == 0 and bucket.index == self._next_launch:
+            self._launch_ready_buckets()
+
+    def _launch_ready_buckets(self) -> None:
+        # Strictly in bucket order: every rank must issue identical collectives in an identical sequence.
+        buckets = self.buckets
+        while self._next_launch < len(buckets) and buckets[self._next_launch].pending == 0:
+            k = self._next_launch
+            fut = self.comm_hook(self.comm_state, self._grad_buckets[k])
+            if not isinstance(fut, torch._C.Future):  # torch.futures.Future and what .then() returns
+                raise TypeError(
+                    f"gradsync: communication hook {getattr(self.comm_hook, '__name__', self.comm_hook)!r} returned "
+                    f"{type(fut).__name__} for bucket {k}; it must return a torch.futures.Future[torch.Tensor]."
+                )
+            self._futures[k] = fut
+            self._next_launch += 1
+        if self._next_launch == len(buckets) and self._used is not None:
+            self._used_map = torch.tensor(list(self._used), dtype=torch.int32, device=self.params[0].device)
+            self._used_work = dist.all_reduce(self._used_map, group=self.process_group, async_op=True)
+
+    def _finalize(self) -> None:
+        self._phase = _Phase.FINISHED
+        if self._next_launch < len(self.buckets):
+            self._raise_not_ready()
+        for k, fut in enumerate(self._futures):
+            bucket = self.buckets[k]
+            try:
+                result = fut.wait()  # type: ignore[union-attr]
+            except Exception as exc:
+                message = f"all-reduce of {self.describe_bucket(k)} failed on rank {dist.get_rank()}: {exc}"
+                post_error(message)
+                raise RuntimeError(f"gradsync: {message}{describe_peer_errors()}") from exc
+            if result.data_ptr() != bucket.buffer.data_ptr():
+                bucket.buffer.copy_(result.view_as(bucket.buffer))
+        globally_used = None
+        if self._used is not None:
+            self._used_work.wait()
+            globally_used = self._used_map.tolist()
+        self._write_back(globally_used)
+        self.iteration += 1
+        if self._record_order:
+            self._rebuild_pending = True
+
+    def _write_back(self, globally_used: list[int] | None) -> None:
+        targets: list[torch.Tensor] = []
+        sources: list[torch.Tensor] = []
+        for bucket in self.buckets:
+            for view, i in zip(bucket.views, bucket.param_indices):
+                if globally_used is not None and not globally_used[i]:
+                    continue  # torch leaves .grad untouched when no rank used the parameter
+                param = self.params[i]
+                if param.grad is None:
+                    param.grad = view if self.gradient_as_bucket_view else view.clone()
+                elif param.grad.data_ptr() != view.data_ptr():
+                    targets.append(param.grad)
+                    sources.append(view)
+        if targets:
+            torch._foreach_copy_(targets, sources)
+
+    # ----------------------------------------------------------------------------------------------- errors
+    def describe_bucket(self, k: int) -> str:
+        bucket = self.buckets[k]
+        names = [self.names[i] for i in bucket.param_indices]
+        shown = ", ".join(names[:6]) + (f", ... ({len(names) - 6} more)" if len(names) > 6 else "")
+        return f"bucket {k} of {len(self.buckets)} ({bucket.nbytes / MIB:.2f} MiB, params: {shown})"
+
+    def _raise_not_ready(self) -> None:
+        missing = [self.names[i] for i in range(len(self.params)) if not self._ready[i]]
+        message = (
+            f"rank {dist.get_rank()}: {len(missing)} parameter(s) received no gradient in this backward pass: "
+            f"{', '.join(missing[:20])}{' ...' if len(missing) > 20 else ''}. Their bucket could not be reduced. "
+            "If the model legitimately skips them (an unused head, a branch taken on some inputs only), pass "
+            "find_unused_parameters=True to DistributedDataParallel; otherwise make sure every forward output "
+            "that depends on them is part of the loss."
+        )
+        post_error(message)
+        raise RuntimeError(f"gradsync: {message}")
+
+    def remove_hooks(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []

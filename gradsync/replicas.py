@@ -1,0 +1,69 @@
+"""Keep replicas identical: check every rank built the same model, then copy rank 0's state to all.
+
+Li et al. (section 3.1): DDP is only equivalent to local training if all replicas start from the same values, so
+the constructor broadcasts rank 0's parameters and buffers. Before that, a model that differs between ranks (a
+rank-dependent branch, a different config) would silently mis-pair gradients; we compare the parameter lists first
+and fail on every rank with the first difference named.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.distributed as dist
+
+
+def _signature(named_params: Sequence[tuple[str, torch.Tensor]]) -> list[tuple[str, tuple[int, ...], str, bool]]:
+    return [(name, tuple(p.shape), str(p.dtype), p.requires_grad) for name, p in named_params]
+
+
+def verify_same_parameters(
+    named_params: Sequence[tuple[str, torch.Tensor]], process_group: dist.ProcessGroup
+) -> None:
+    """Raise ``ValueError`` on every rank if any rank's parameters differ in count, name, shape, dtype or
+    requires_grad, naming the first differing parameter and the ranks involved."""
+    mine = _signature(named_params)
+    everyone: list = [None] * dist.get_world_size(process_group)
+    dist.all_gather_object(everyone, mine, group=process_group)
+    reference = everyone[0]
+    for rank, theirs in enumerate(everyone[1:], start=1):
+        if theirs == reference:
+            continue
+        for pos in range(max(len(reference), len(theirs))):
+            a = reference[pos] if pos < len(reference) else None
+            b = theirs[pos] if pos < len(theirs) else None
+            if a != b:
+                break
+        same = [r for r, sig in enumerate(everyone) if sig == reference]
+        raise ValueError(
+            "gradsync: DistributedDataParallel needs the same model on every rank, but rank "
+            f"{rank} differs from rank 0 at parameter #{pos}: rank 0 has {_describe(a)}, rank {rank} has "
+            f"{_describe(b)} ({len(reference)} vs {len(theirs)} parameters; ranks matching rank 0: {same}). "
+            "Build the model identically on all ranks (same config, no rank-dependent layers) before wrapping it."
+        )
+
+
+def _describe(sig: tuple | None) -> str:
+    if sig is None:
+        return "no parameter there"
+    name, shape, dtype, requires_grad = sig
+    return f"'{name}' shape={list(shape)} dtype={dtype} requires_grad={requires_grad}"
+
+
+def broadcast_tensors(tensors: Sequence[torch.Tensor], process_group: dist.ProcessGroup) -> None:
+    """Overwrite ``tensors`` in place with group rank 0's values, one flat broadcast per dtype and device."""
+    if not tensors:
+        return
+    src = dist.get_global_rank(process_group, 0)
+    groups: dict[tuple, list[torch.Tensor]] = {}
+    for t in tensors:
+        groups.setdefault((t.dtype, t.device), []).append(t)
+    with torch.no_grad():
+        for members in groups.values():
+            flat = torch.cat([t.detach().reshape(-1) for t in members])
+            dist.broadcast(flat, src=src, group=process_group)
+            offset = 0
+            for t in members:
+                t.copy_(flat[offset : offset + t.numel()].view_as(t))
+                offset += t.numel()

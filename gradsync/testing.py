@@ -1,0 +1,132 @@
+"""Run a function on N local gloo ranks, for tests and benchmarks: free port, bounded time, errors brought home.
+
+Every rank is a fresh process (forked from a forkserver that has already imported torch, so starting costs tens of
+milliseconds, not seconds). The rendezvous store lives in the calling process on a port the OS picks, so there is
+no fixed port and no race for one. A hang is a failure: past ``timeout`` every rank is killed and
+:class:`SpawnError` says which ranks had not finished.
+"""
+
+from __future__ import annotations
+
+import datetime
+import multiprocessing as mp
+import os
+import queue
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass
+class RankFailure:
+    """How one rank ended badly: the exception's type name and message, or how the process died."""
+
+    rank: int
+    kind: str
+    message: str
+    traceback: str = ""
+
+
+class SpawnError(RuntimeError):
+    """One or more ranks failed or timed out; ``failures`` maps rank → :class:`RankFailure`."""
+
+    def __init__(self, failures: dict[int, RankFailure], results: dict[int, Any]) -> None:
+        self.failures = failures
+        self.results = results
+        lines = [f"rank {f.rank}: {f.kind}: {f.message}\n{f.traceback}" for f in failures.values()]
+        super().__init__(f"{len(failures)} rank(s) failed:\n" + "\n".join(lines))
+
+
+def _context() -> mp.context.BaseContext:
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(["torch", "torch.distributed", "gradsync"])
+    return ctx
+
+
+def _rank_main(
+    fn: Callable, rank: int, world_size: int, port: int, pg_timeout: float, args: tuple, results: Any
+) -> None:
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    torch.set_num_threads(1)
+    try:
+        store = dist.TCPStore("127.0.0.1", port, world_size + 1, is_master=False,
+                              timeout=datetime.timedelta(seconds=pg_timeout))
+        dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size,
+                                timeout=datetime.timedelta(seconds=pg_timeout))
+        out = fn(rank, world_size, *args)
+        results.put(("ok", rank, out))
+    except BaseException as exc:  # report everything, KeyboardInterrupt included
+        results.put(("error", rank, RankFailure(rank, type(exc).__name__, str(exc), traceback.format_exc())))
+    finally:
+        if dist.is_initialized():
+            try:
+                dist.destroy_process_group()
+            except Exception:
+                pass
+
+
+def spawn(
+    fn: Callable[..., Any],
+    world_size: int = 2,
+    args: tuple = (),
+    timeout: float = 120.0,
+    pg_timeout: float = 30.0,
+) -> list[Any]:
+    """Call ``fn(rank, world_size, *args)`` in ``world_size`` processes joined in a gloo process group.
+
+    Returns each rank's return value (they must pickle), in rank order. Raises :class:`SpawnError` if any rank
+    raised, died, or was still running after ``timeout`` seconds. ``fn`` must be importable (module level).
+
+    >>> def work(rank, world_size):
+    ...     t = torch.ones(1) * rank
+    ...     dist.all_reduce(t)
+    ...     return t.item()
+    >>> spawn(work, world_size=2)  # doctest: +SKIP
+    [1.0, 1.0]
+    """
+    ctx = _context()
+    store = dist.TCPStore("127.0.0.1", 0, world_size + 1, is_master=True, wait_for_workers=False,
+                          timeout=datetime.timedelta(seconds=pg_timeout))
+    results = ctx.Queue()
+    procs = [
+        ctx.Process(target=_rank_main, args=(fn, r, world_size, store.port, pg_timeout, args, results), daemon=True)
+        for r in range(world_size)
+    ]
+    for p in procs:
+        p.start()
+    outputs: dict[int, Any] = {}
+    failures: dict[int, RankFailure] = {}
+    deadline = time.monotonic() + timeout
+    try:
+        while len(outputs) + len(failures) < world_size and time.monotonic() < deadline:
+            try:
+                status, rank, payload = results.get(timeout=0.05)
+            except queue.Empty:
+                for r, p in enumerate(procs):  # a rank that died without a word (os._exit, a signal)
+                    if p.exitcode not in (None, 0) and r not in outputs and r not in failures:
+                        time.sleep(0.2)  # its message may still be in the pipe
+                        if results.empty():
+                            failures[r] = RankFailure(r, "ProcessDied", f"exit code {p.exitcode}")
+                continue
+            if status == "ok":
+                outputs[rank] = payload
+            else:
+                failures[rank] = payload
+        for r in range(world_size):
+            if r not in outputs and r not in failures:
+                failures[r] = RankFailure(r, "Timeout", f"still running after {timeout:.0f}s (a hang)")
+    finally:
+        for p in procs:
+            p.join(timeout=5)
+            if p.is_alive():
+                p.kill()
+                p.join()
+        del store
+    if failures:
+        raise SpawnError(dict(sorted(failures.items())), outputs)
+    return [outputs[r] for r in range(world_size)]

@@ -1,0 +1,50 @@
+"""Find and map tensors inside arbitrary forward inputs and outputs.
+
+A model may return tensors in dicts, lists, tuples, namedtuples or dataclasses; DDP must see through all of them
+(to search the autograd graph, or to move inputs to ``device_ids[0]``) without changing the structure.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+
+
+def iter_tensors(obj: Any) -> Iterator[torch.Tensor]:
+    """Yield every tensor inside ``obj``, depth first."""
+    if isinstance(obj, torch.Tensor):
+        yield obj
+    elif isinstance(obj, dict):
+        for value in obj.values():
+            yield from iter_tensors(value)
+    elif isinstance(obj, (list, tuple, set, frozenset)):
+        for value in obj:
+            yield from iter_tensors(value)
+    elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        for field in dataclasses.fields(obj):
+            yield from iter_tensors(getattr(obj, field.name))
+
+
+def map_tensors(fn: Callable[[torch.Tensor], torch.Tensor], obj: Any) -> Any:
+    """Return ``obj`` with ``fn`` applied to every tensor, keeping containers' types."""
+    if isinstance(obj, torch.Tensor):
+        return fn(obj)
+    if isinstance(obj, dict):
+        out = copy.copy(obj)  # keeps OrderedDict and dict subclasses such as model-output classes
+        for key, value in obj.items():
+            out[key] = map_tensors(fn, value)
+        return out
+    if isinstance(obj, tuple) and hasattr(obj, "_fields"):  # namedtuple
+        return type(obj)(*(map_tensors(fn, v) for v in obj))
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(map_tensors(fn, v) for v in obj)
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        out = copy.copy(obj)
+        for field in dataclasses.fields(obj):
+            object.__setattr__(out, field.name, map_tensors(fn, getattr(obj, field.name)))
+        return out
+    return obj
