@@ -18,9 +18,7 @@ def _signature(named_params: Sequence[tuple[str, torch.Tensor]]) -> list[tuple[s
     return [(name, tuple(p.shape), str(p.dtype), p.requires_grad) for name, p in named_params]
 
 
-def verify_same_parameters(
-    named_params: Sequence[tuple[str, torch.Tensor]], process_group: dist.ProcessGroup
-) -> None:
+def verify_same_parameters(named_params: Sequence[tuple[str, torch.Tensor]], process_group: dist.ProcessGroup) -> None:
     """Raise ``ValueError`` on every rank if any rank's parameters differ in count, name, shape, dtype or
     requires_grad, naming the first differing parameter and the ranks involved."""
     mine = _signature(named_params)

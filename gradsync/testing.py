@@ -54,10 +54,12 @@ def _rank_main(
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     torch.set_num_threads(1)
     try:
-        store = dist.TCPStore("127.0.0.1", port, world_size + 1, is_master=False,
-                              timeout=datetime.timedelta(seconds=pg_timeout))
-        dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size,
-                                timeout=datetime.timedelta(seconds=pg_timeout))
+        store = dist.TCPStore(
+            "127.0.0.1", port, world_size + 1, is_master=False, timeout=datetime.timedelta(seconds=pg_timeout)
+        )
+        dist.init_process_group(
+            "gloo", store=store, rank=rank, world_size=world_size, timeout=datetime.timedelta(seconds=pg_timeout)
+        )
         out = fn(rank, world_size, *args)
         results.put(("ok", rank, out))
     except BaseException as exc:  # report everything, KeyboardInterrupt included
@@ -90,8 +92,14 @@ def spawn(
     [1.0, 1.0]
     """
     ctx = _context()
-    store = dist.TCPStore("127.0.0.1", 0, world_size + 1, is_master=True, wait_for_workers=False,
-                          timeout=datetime.timedelta(seconds=pg_timeout))
+    store = dist.TCPStore(
+        "127.0.0.1",
+        0,
+        world_size + 1,
+        is_master=True,
+        wait_for_workers=False,
+        timeout=datetime.timedelta(seconds=pg_timeout),
+    )
     results = ctx.Queue()
     procs = [
         ctx.Process(target=_rank_main, args=(fn, r, world_size, store.port, pg_timeout, args, results), daemon=True)

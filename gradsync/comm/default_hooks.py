@@ -12,9 +12,7 @@ import torch.distributed as dist
 from gradsync.comm.grad_bucket import GradBucket
 
 
-def allreduce_hook(
-    process_group: dist.ProcessGroup | None, bucket: GradBucket
-) -> torch.futures.Future[torch.Tensor]:
+def allreduce_hook(process_group: dist.ProcessGroup | None, bucket: GradBucket) -> torch.futures.Future[torch.Tensor]:
     """Average ``bucket.buffer()`` across ``process_group`` (default: the world group).
 
     >>> ddp.register_comm_hook(None, allreduce_hook)  # doctest: +SKIP

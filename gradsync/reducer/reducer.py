@@ -80,8 +80,9 @@ class Reducer:
         for bucket in self.buckets:
             for slot, i in enumerate(bucket.param_indices):
                 self._where[i] = (bucket, slot)
+        last = len(groups) - 1
         self._grad_buckets = [
-            GradBucket(b.index, b.buffer, b.views, [self.params[i] for i in b.param_indices], b.index == len(groups) - 1)
+            GradBucket(b.index, b.buffer, b.views, [self.params[i] for i in b.param_indices], b.index == last)
             for b in self.buckets
         ]
         if self.gradient_as_bucket_view:  # keep accumulated values, but from now on .grad lives in the bucket
