@@ -11,6 +11,7 @@ from __future__ import annotations
 import datetime
 import multiprocessing as mp
 import os
+import pickle
 import queue
 import time
 import traceback
@@ -61,7 +62,8 @@ def _rank_main(
             "gloo", store=store, rank=rank, world_size=world_size, timeout=datetime.timedelta(seconds=pg_timeout)
         )
         out = fn(rank, world_size, *args)
-        results.put(("ok", rank, out))
+        # Plain pickle: torch's queue reducer would share tensor memory that dies with this process.
+        results.put(("ok", rank, pickle.dumps(out)))
     except BaseException as exc:  # report everything, KeyboardInterrupt included
         results.put(("error", rank, RankFailure(rank, type(exc).__name__, str(exc), traceback.format_exc())))
     finally:
@@ -122,7 +124,7 @@ def spawn(
                             failures[r] = RankFailure(r, "ProcessDied", f"exit code {p.exitcode}")
                 continue
             if status == "ok":
-                outputs[rank] = payload
+                outputs[rank] = pickle.loads(payload)
             else:
                 failures[rank] = payload
         for r in range(world_size):
