@@ -1,0 +1,67 @@
+"""Bucket assignment must equal torch's C++ rule (so identical settings give identical buckets), and a Bucket's
+views must tile its flat buffer exactly."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from gradsync.reducer.buckets import Bucket, assign_buckets
+
+
+def _random_tensors(rng: random.Random, n: int) -> list[torch.Tensor]:
+    dtypes = [torch.float32, torch.float32, torch.float16, torch.float64]
+    return [torch.empty(rng.randint(1, 300), dtype=rng.choice(dtypes)) for _ in range(n)]
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_same_buckets_as_torch_for_an_explicit_order(seed: int) -> None:
+    rng = random.Random(seed)
+    tensors = _random_tensors(rng, rng.randint(1, 40))
+    order = list(range(len(tensors)))
+    rng.shuffle(order)
+    limits = sorted(rng.sample([64, 256, 1024, 4096, 10**9], k=rng.randint(1, 3)))
+    ours = assign_buckets(tensors, order, limits)
+    theirs, _ = dist._compute_bucket_assignment_by_size(
+        [tensors[i] for i in order], limits, [False] * len(order), order
+    )
+    theirs = [list(b) for b in theirs]
+    # Buckets that reached their limit come out in the same (launch) order; the unfilled ones, one per dtype at
+    # most, come last: torch lists those in hash-map order, we in order of first appearance (same on every rank).
+    n_unfilled = len({tensors[i].dtype for i in order})
+    assert ours[: len(ours) - n_unfilled] == theirs[: len(theirs) - n_unfilled]
+    assert sorted(ours) == sorted(theirs)
+
+
+def test_first_bucket_small_then_cap() -> None:
+    tensors = [torch.empty(100) for _ in range(10)]  # 400 bytes each
+    assert assign_buckets(tensors, list(range(9, -1, -1)), [400, 1200]) == [[9], [8, 7, 6], [5, 4, 3], [2, 1, 0]]
+
+
+def test_dtypes_never_share_a_bucket() -> None:
+    tensors = [torch.empty(4), torch.empty(4, dtype=torch.float64), torch.empty(4)]
+    buckets = assign_buckets(tensors, [0, 1, 2], [10**9])
+    assert sorted(buckets) == [[0, 2], [1]]
+
+
+def test_order_must_be_a_permutation() -> None:
+    with pytest.raises(ValueError, match="permutation"):
+        assign_buckets([torch.empty(1), torch.empty(1)], [0, 0], [10])
+
+
+def test_bucket_views_tile_the_buffer() -> None:
+    params = [
+        torch.nn.Parameter(torch.randn(3, 4)),
+        torch.nn.Parameter(torch.randn(5)),
+        torch.nn.Parameter(torch.randn(2, 2)),
+    ]
+    bucket = Bucket(0, [2, 0], params)
+    assert bucket.buffer.numel() == 4 + 12
+    assert [v.shape for v in bucket.views] == [params[2].shape, params[0].shape]
+    bucket.views[0].fill_(1.0)
+    bucket.views[1].fill_(2.0)
+    assert bucket.buffer.tolist() == [1.0] * 4 + [2.0] * 12
+    assert bucket.pending == 2

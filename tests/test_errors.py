@@ -1,0 +1,122 @@
+"""Errors are part of the product: each names the parameter and rank, says what to do, and reaches every rank
+within the process-group timeout — never a hang."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+from models import SometimesUsed
+from torch import nn
+
+import gradsync
+from gradsync.testing import SpawnError, spawn
+
+
+def _mismatch(rank: int, world_size: int) -> None:
+    layers = [nn.Linear(4, 4), nn.Linear(4, 2)]
+    if rank == 1:
+        layers.insert(1, nn.Linear(4, 4))  # a rank-dependent extra layer
+    gradsync.DistributedDataParallel(nn.Sequential(*layers))
+
+
+@pytest.mark.timeout(60)
+def test_mismatched_models_name_the_parameter_on_every_rank() -> None:
+    with pytest.raises(SpawnError) as info:
+        spawn(_mismatch, timeout=50, pg_timeout=10)
+    failures = info.value.failures
+    assert sorted(failures) == [0, 1]
+    for f in failures.values():
+        assert f.kind == "ValueError"
+        assert "rank 1 differs from rank 0 at parameter #2" in f.message
+        assert "'1.weight' shape=[2, 4]" in f.message and "'1.weight' shape=[4, 4]" in f.message
+
+
+def _unused_everywhere(rank: int, world_size: int) -> None:
+    torch.manual_seed(0)
+    ddp = gradsync.DistributedDataParallel(SometimesUsed())
+    ddp(torch.randn(2, 6)).sum().backward()
+
+
+@pytest.mark.timeout(60)
+def test_unused_parameter_without_flag_is_named_on_every_rank() -> None:
+    with pytest.raises(SpawnError) as info:
+        spawn(_unused_everywhere, timeout=50, pg_timeout=10)
+    for f in info.value.failures.values():
+        assert f.kind == "RuntimeError"
+        assert "never.weight, never.bias" in f.message and "find_unused_parameters=True" in f.message
+
+
+def _unused_on_rank1(rank: int, world_size: int, pg_timeout: float) -> None:
+    torch.manual_seed(0)
+    model = SometimesUsed()
+    model.never.requires_grad_(False)
+    ddp = gradsync.DistributedDataParallel(model, bucket_cap_mb=0.0005)
+    start = time.monotonic()
+    try:
+        ddp(torch.randn(2, 6), use_extra=(rank == 0)).sum().backward()
+    finally:
+        elapsed = time.monotonic() - start
+        assert elapsed < pg_timeout + 10, f"rank {rank} took {elapsed:.1f}s to fail"
+
+
+@pytest.mark.timeout(90)
+def test_unused_on_one_rank_fails_every_rank_with_the_cause() -> None:
+    pg_timeout = 5.0
+    with pytest.raises(SpawnError) as info:
+        spawn(_unused_on_rank1, args=(pg_timeout,), timeout=60, pg_timeout=pg_timeout)
+    failures = info.value.failures
+    assert sorted(failures) == [0, 1]
+    # Rank 1 knows at once; rank 0 was waiting in the all-reduce and learns the cause from rank 1's report.
+    assert "rank 1: 2 parameter(s) received no gradient" in failures[1].message
+    assert "extra.weight, extra.bias" in failures[1].message
+    assert "all-reduce of bucket" in failures[0].message
+    assert "rank 1 reported" in failures[0].message and "find_unused_parameters=True" in failures[0].message
+
+
+def _backward_twice(rank: int, world_size: int) -> None:
+    ddp = gradsync.DistributedDataParallel(nn.Linear(3, 1))
+    loss = ddp(torch.randn(2, 3)).sum()
+    loss.backward(retain_graph=True)
+    loss.backward()
+
+
+@pytest.mark.timeout(60)
+def test_second_backward_without_forward_is_an_error() -> None:
+    with pytest.raises(SpawnError) as info:
+        spawn(_backward_twice, timeout=50, pg_timeout=10)
+    for f in info.value.failures.values():
+        assert "again after its gradients were already averaged" in f.message and "no_sync" in f.message
+
+
+def _bad_arguments(rank: int, world_size: int) -> list[str]:
+    messages = []
+    for make in (
+        lambda: gradsync.DistributedDataParallel(nn.Linear(2, 2), bucket_cap_mb=0),
+        lambda: gradsync.DistributedDataParallel(nn.Linear(2, 2).requires_grad_(False)),
+        lambda: gradsync.DistributedDataParallel(nn.Linear(2, 2), mixed_precision=object()),
+        lambda: gradsync.DistributedDataParallel(nn.Linear(2, 2), bucket_size=3),
+        lambda: gradsync.DistributedDataParallel("not a module"),
+    ):
+        try:
+            make()
+            messages.append("no error")
+        except (TypeError, ValueError) as exc:
+            messages.append(f"{type(exc).__name__}: {exc}")
+    return messages
+
+
+@pytest.mark.timeout(60)
+def test_bad_arguments_say_what_to_change() -> None:
+    msgs = spawn(_bad_arguments, timeout=50)[0]
+    assert msgs[0].startswith("ValueError: bucket_cap_mb must be > 0")
+    assert msgs[1].startswith("ValueError") and "no parameter that requires grad" in msgs[1]
+    assert msgs[2].startswith("TypeError") and "'mixed_precision'" in msgs[2] and "does not implement" in msgs[2]
+    assert msgs[3].startswith("TypeError") and "'bucket_size'" in msgs[3] and "no such argument" in msgs[3]
+    assert msgs[4].startswith("TypeError") and "wraps an nn.Module" in msgs[4]
+
+
+def test_no_process_group_says_how_to_start_one() -> None:
+    with pytest.raises(RuntimeError, match="needs an initialised process group"):
+        gradsync.DistributedDataParallel(nn.Linear(2, 2))

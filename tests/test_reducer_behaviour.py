@@ -1,0 +1,131 @@
+"""What the reducer does besides getting the numbers right: overlap, one rebuild from rank 0's observed order,
+gradients living in the buckets, and local accumulation under no_sync."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch import nn
+
+import gradsync
+from gradsync.comm import allreduce_hook
+from gradsync.testing import spawn
+
+
+def _overlap(rank: int, world_size: int) -> tuple[list, int]:
+    torch.manual_seed(0)
+    model = nn.Sequential(*[nn.Linear(32, 32) for _ in range(6)])
+    ddp = gradsync.DistributedDataParallel(model, bucket_cap_mb=0.004)  # one Linear (4.2 KB) per bucket
+    events: list = []
+
+    def recording_hook(state, bucket):
+        events.append(("launch", bucket.index()))
+        return allreduce_hook(state, bucket)
+
+    ddp.register_comm_hook(dist.group.WORLD, recording_hook)
+    model[0].weight.register_post_accumulate_grad_hook(lambda p: events.append(("ready", "0.weight")))
+    ddp(torch.randn(4, 32)).sum().backward()
+    return events, len(ddp.reducer.buckets)
+
+
+@pytest.mark.timeout(60)
+def test_buckets_launch_while_backward_still_runs() -> None:
+    for events, n_buckets in spawn(_overlap, timeout=50):
+        assert n_buckets == 6
+        first_layer_ready = events.index(("ready", "0.weight"))
+        launched_before = [e for e in events[:first_layer_ready] if e[0] == "launch"]
+        # Every other layer's bucket was on the wire before backward reached the first layer (whose own bucket
+        # may launch just before this user hook, which runs after gradsync's on the same parameter).
+        assert launched_before[:5] == [("launch", k) for k in range(5)], events
+
+
+class TwoBranches(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(8, 8)
+        self.b = nn.Linear(8, 8)
+
+    def forward(self, x, a_first: bool):
+        # Autograd runs the later-recorded branch first, so the ready order follows the forward order here.
+        if a_first:
+            ya = self.a(x)
+            yb = self.b(x)
+        else:
+            yb = self.b(x)
+            ya = self.a(x)
+        return (ya * yb).sum()
+
+
+def _rebuild(rank: int, world_size: int) -> dict:
+    torch.manual_seed(0)
+    model = TwoBranches()
+    ddp = gradsync.DistributedDataParallel(model, bucket_cap_mb=0.0002)  # one Linear per bucket
+    names = ddp.reducer.names
+    layout = lambda: [[names[i] for i in b.param_indices] for b in ddp.reducer.buckets]  # noqa: E731
+    before = layout()
+    out = {"before": before}
+    for step in range(3):
+        ddp(torch.randn(2, 8), a_first=(rank == 1)).backward()  # rank 0: a's grads first; rank 1: b's
+        out[f"rebuilt_after_{step}"] = ddp.reducer.rebuilt
+    out["after"] = layout()
+    return out
+
+
+@pytest.mark.timeout(60)
+def test_one_rebuild_in_rank0_ready_order() -> None:
+    r0, r1 = spawn(_rebuild, timeout=50)
+    assert r0["before"] == [["b.bias", "b.weight"], ["a.bias", "a.weight"]]  # reverse registration
+    # Rebuilt at the second forward, from rank 0's observed order (a ran last there, so its grads came first)...
+    assert [r0["rebuilt_after_0"], r0["rebuilt_after_1"], r0["rebuilt_after_2"]] == [False, True, True]
+    assert [sorted(b) for b in r0["after"]] == [["a.bias", "a.weight"], ["b.bias", "b.weight"]]
+    # ...and rank 1, whose own order was the opposite, built exactly the same buckets.
+    assert r1["after"] == r0["after"]
+
+
+def _views(rank: int, world_size: int) -> list[bool]:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 2))
+    ddp = gradsync.DistributedDataParallel(model, gradient_as_bucket_view=True, bucket_cap_mb=0.0003)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    shares = []
+    for _ in range(3):
+        opt.zero_grad(set_to_none=True)
+        ddp(torch.randn(4, 8)).sum().backward()
+        storages = {b.buffer.untyped_storage().data_ptr() for b in ddp.reducer.buckets}
+        shares.append(all(p.grad.untyped_storage().data_ptr() in storages for p in model.parameters()))
+        opt.step()
+    return shares
+
+
+@pytest.mark.timeout(60)
+def test_grads_are_bucket_views_even_after_set_to_none() -> None:
+    for shares in spawn(_views, timeout=50):
+        assert shares == [True, True, True]
+
+
+def _no_sync(rank: int, world_size: int) -> dict:
+    torch.manual_seed(0)
+    model = nn.Linear(4, 1, bias=False)
+    ddp = gradsync.DistributedDataParallel(model)
+    x = torch.full((1, 4), float(rank + 1))
+    with ddp.no_sync():
+        ddp(x).sum().backward()
+    local = model.weight.grad.clone()
+    try:
+        with ddp.no_sync():
+            raise KeyError("user error inside no_sync")
+    except KeyError:
+        pass
+    restored = ddp.require_backward_grad_sync
+    ddp(x).sum().backward()
+    return {"local": local.tolist(), "restored": restored, "synced": model.weight.grad.tolist()}
+
+
+@pytest.mark.timeout(60)
+def test_no_sync_accumulates_locally_then_averages_the_sum() -> None:
+    r0, r1 = spawn(_no_sync, timeout=50)
+    assert r0["local"] == [[1.0] * 4] and r1["local"] == [[2.0] * 4]  # no communication inside no_sync
+    assert r0["restored"] and r1["restored"]  # restored even when the block raised
+    # rank 0 accumulated 1+1, rank 1 2+2: the average of the sums is 3.
+    assert r0["synced"] == r1["synced"] == [[3.0] * 4]
