@@ -1,8 +1,9 @@
 """gradsync: data-parallel training for PyTorch, in readable Python. A drop-in for torch's DDP."""
 
 from gradsync.comm.grad_bucket import GradBucket
+from gradsync.data import DistributedLoader, DistributedSampler
 from gradsync.ddp import DistributedDataParallel
 
 __version__ = "0.1.0"
 
-__all__ = ["DistributedDataParallel", "GradBucket", "__version__"]
+__all__ = ["DistributedDataParallel", "DistributedLoader", "DistributedSampler", "GradBucket", "__version__"]

@@ -1,0 +1,74 @@
+"""DistributedLoader: a DataLoader wired to a DistributedSampler, that knows how far your loop really got.
+
+A DataLoader with workers prefetches batches, so the sampler's own count runs ahead of training; the position to
+save is the batches the loop received × the batch size. This wrapper counts exactly that.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sized
+from typing import Any
+
+from torch.utils.data import DataLoader
+
+from gradsync.data.sampler import DistributedSampler
+
+
+class DistributedLoader:
+    """Iterate this rank's batches; ``state_dict()`` is the position reached by the training loop.
+
+    Example::
+
+        loader = DistributedLoader(dataset, batch_size=32, shuffle=True, num_workers=2)
+        if resuming:
+            loader.load_state_dict(checkpoint["loader"])
+        for epoch in range(start_epoch, epochs):
+            loader.set_epoch(epoch)
+            for batch in loader:
+                ...
+                checkpoint["loader"] = loader.state_dict()
+    """
+
+    def __init__(
+        self,
+        dataset: Sized,
+        batch_size: int,
+        shuffle: bool = True,
+        seed: int = 0,
+        drop_last: bool = False,
+        num_replicas: int | None = None,
+        rank: int | None = None,
+        **dataloader_kwargs: Any,
+    ) -> None:
+        if batch_size < 1:
+            raise ValueError(f"DistributedLoader: batch_size must be >= 1, got {batch_size}")
+        for reserved in ("sampler", "batch_sampler", "shuffle"):
+            if reserved in dataloader_kwargs:
+                raise ValueError(f"DistributedLoader chooses '{reserved}' itself; do not pass it")
+        self.batch_size = batch_size
+        self.sampler = DistributedSampler(dataset, num_replicas, rank, shuffle=shuffle, seed=seed, drop_last=drop_last)
+        self.loader = DataLoader(dataset, batch_size=batch_size, sampler=self.sampler, **dataloader_kwargs)
+        self._start = 0
+        self._batches = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        if epoch != self.sampler.epoch:
+            self._start = self._batches = 0
+        self.sampler.set_epoch(epoch)
+
+    def __iter__(self) -> Iterator[Any]:
+        self._start, self._batches = self.sampler.resume_position, 0
+        for batch in self.loader:
+            self._batches += 1
+            yield batch
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def state_dict(self) -> dict[str, Any]:
+        consumed = min(self._start + self._batches * self.batch_size, self.sampler.num_samples)
+        return self.sampler.state_dict(samples_consumed=consumed)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.sampler.load_state_dict(state)
+        self._start, self._batches = self.sampler.resume_position, 0

@@ -1,0 +1,153 @@
+"""DistributedSampler: torch's index order exactly, and resumable in the middle of an epoch.
+
+Each rank takes every ``num_replicas``-th index of one shared (per-epoch shuffled, padded or truncated) list,
+exactly as ``torch.utils.data.distributed.DistributedSampler`` does, so switching changes nothing in results. What
+torch's lacks (pytorch/pytorch #11813, #36650): ``state_dict()`` / ``load_state_dict()`` to continue an epoch after a
+restart without replaying or skipping samples.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Sized
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.utils.data import Sampler
+
+
+class DistributedSampler(Sampler[int]):
+    """Yield this rank's share of ``range(len(dataset))``; reshuffled each epoch by :meth:`set_epoch`.
+
+    Example::
+
+        sampler = DistributedSampler(dataset, shuffle=True, seed=0)
+        loader = DataLoader(dataset, batch_size=32, sampler=sampler)
+        for epoch in range(start_epoch, epochs):
+            sampler.set_epoch(epoch)
+            for step, batch in enumerate(loader):
+                ...
+                # save the position the training loop reached, not what DataLoader prefetched:
+                state = sampler.state_dict(samples_consumed=(step + 1) * 32)
+
+    After ``load_state_dict(state)`` the next iteration of the same epoch yields only the remaining indices;
+    ``len()`` is then the number remaining. :class:`gradsync.data.DistributedLoader` does the bookkeeping for you.
+    """
+
+    def __init__(
+        self,
+        dataset: Sized,
+        num_replicas: int | None = None,
+        rank: int | None = None,
+        shuffle: bool = True,
+        seed: int = 0,
+        drop_last: bool = False,
+    ) -> None:
+        if num_replicas is None:
+            num_replicas = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+        if rank is None:
+            rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+        if num_replicas < 1:
+            raise ValueError(f"DistributedSampler: num_replicas must be >= 1, got {num_replicas}")
+        if not 0 <= rank < num_replicas:
+            raise ValueError(f"DistributedSampler: rank {rank} is outside [0, {num_replicas - 1}] (num_replicas)")
+        self.dataset = dataset
+        self.num_replicas = num_replicas
+        self.rank = rank
+        self.shuffle = shuffle
+        self.seed = seed
+        self.drop_last = drop_last
+        self.epoch = 0
+        n = len(dataset)
+        # torch's arithmetic: with drop_last the tail that cannot be split evenly is dropped, else indices repeat.
+        if drop_last and n % num_replicas != 0:
+            self.num_samples = math.ceil((n - num_replicas) / num_replicas)
+        else:
+            self.num_samples = math.ceil(n / num_replicas)
+        self.total_size = self.num_samples * num_replicas
+        self._resume_at = 0  # indices of self.epoch already handed out before a restart
+        self._yielded = 0  # indices of self.epoch handed out by the current iteration
+
+    def indices(self) -> list[int]:
+        """This rank's whole list for the current epoch (what torch's sampler yields)."""
+        n = len(self.dataset)
+        if self.shuffle:
+            g = torch.Generator()
+            g.manual_seed(self.seed + self.epoch)
+            order = torch.randperm(n, generator=g).tolist()
+        else:
+            order = list(range(n))
+        if not self.drop_last:
+            padding = self.total_size - len(order)
+            if padding <= len(order):
+                order += order[:padding]
+            elif order:
+                order += (order * math.ceil(padding / len(order)))[:padding]
+        else:
+            order = order[: self.total_size]
+        return order[self.rank : self.total_size : self.num_replicas]
+
+    def __iter__(self) -> Iterator[int]:
+        # Not a generator function: the position must reset when iteration starts, not at the first next().
+        start, self._resume_at = self._resume_at, 0
+        self._yielded = start
+        return self._yield_from(self.indices()[start:])
+
+    def _yield_from(self, remaining: list[int]) -> Iterator[int]:
+        for index in remaining:
+            self._yielded += 1
+            yield index
+
+    def __len__(self) -> int:
+        return self.num_samples - self._resume_at
+
+    @property
+    def resume_position(self) -> int:
+        """Indices of this epoch the next iteration skips (non-zero only right after a mid-epoch load)."""
+        return self._resume_at
+
+    def set_epoch(self, epoch: int) -> None:
+        """Reshuffle for ``epoch`` (call before each epoch, as with torch's sampler)."""
+        if epoch != self.epoch:
+            self._resume_at = 0  # a saved position belongs to the epoch it was saved in
+            self._yielded = 0
+        self.epoch = epoch
+
+    def state_dict(self, samples_consumed: int | None = None) -> dict[str, Any]:
+        """Where this rank is in the epoch. Pass ``samples_consumed`` (batches your loop finished × batch size)
+        when iterating through a DataLoader, which prefetches ahead of your loop; otherwise the count of indices
+        this sampler has yielded is used."""
+        consumed = self._yielded if samples_consumed is None else samples_consumed
+        if not 0 <= consumed <= self.num_samples:
+            raise ValueError(f"samples_consumed={consumed} is outside [0, {self.num_samples}] for this rank")
+        return {
+            "epoch": self.epoch,
+            "samples_consumed": consumed,
+            "seed": self.seed,
+            "num_replicas": self.num_replicas,
+            "rank": self.rank,
+            "dataset_len": len(self.dataset),
+            "shuffle": self.shuffle,
+            "drop_last": self.drop_last,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from ``state``: the next iteration yields the rest of that epoch."""
+        expected = {
+            "dataset_len": len(self.dataset),
+            "num_replicas": self.num_replicas,
+            "seed": self.seed,
+            "shuffle": self.shuffle,
+            "drop_last": self.drop_last,
+        }
+        for key, mine in expected.items():
+            if state.get(key) != mine:
+                raise ValueError(
+                    f"DistributedSampler.load_state_dict: the state was saved with {key}={state.get(key)!r} but this "
+                    f"sampler has {key}={mine!r}; the saved position would point at different samples. Build the "
+                    "sampler with the same dataset, world size, seed, shuffle and drop_last as the saved run."
+                )
+        self.epoch = int(state["epoch"])
+        self._resume_at = int(state["samples_consumed"])
+        self._yielded = self._resume_at
