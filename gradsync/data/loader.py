@@ -57,8 +57,11 @@ class DistributedLoader:
         self.sampler.set_epoch(epoch)
 
     def __iter__(self) -> Iterator[Any]:
-        self._start, self._batches = self.sampler.resume_position, 0
-        for batch in self.loader:
+        self._start, self._batches = self.sampler.resume_position, 0  # now, not at the first next()
+        return self._count(iter(self.loader))
+
+    def _count(self, batches: Iterator[Any]) -> Iterator[Any]:
+        for batch in batches:
             self._batches += 1
             yield batch
 
