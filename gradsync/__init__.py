@@ -3,7 +3,17 @@
 from gradsync.comm.grad_bucket import GradBucket
 from gradsync.data import DistributedLoader, DistributedSampler
 from gradsync.ddp import DistributedDataParallel
+from gradsync.runtime.env import DistInfo, init, shutdown
 
 __version__ = "0.1.0"
 
-__all__ = ["DistributedDataParallel", "DistributedLoader", "DistributedSampler", "GradBucket", "__version__"]
+__all__ = [
+    "DistInfo",
+    "DistributedDataParallel",
+    "DistributedLoader",
+    "DistributedSampler",
+    "GradBucket",
+    "__version__",
+    "init",
+    "shutdown",
+]

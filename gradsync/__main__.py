@@ -1,0 +1,5 @@
+import sys
+
+from gradsync.cli import main
+
+sys.exit(main())

@@ -1,0 +1,40 @@
+"""The ``gradsync`` command: ``gradsync run ...`` (launcher), ``gradsync report ...``, ``gradsync bench ...``."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+
+USAGE = """usage: gradsync <command> [args]
+
+commands:
+  run      start a data-parallel job (torchrun's flags): gradsync run --nproc-per-node 2 train.py
+  report   summarise a trace written by a training run: gradsync report trace.json
+  bench    side-by-side benchmark against torch's DDP: gradsync bench --help
+"""
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(USAGE)
+        return 0 if argv else 2
+    command, rest = argv[0], argv[1:]
+    if command == "run":
+        from gradsync.runtime.launch import main as run_main
+
+        return run_main(rest)
+    if command == "report":
+        from gradsync.observe.report import main as report_main
+
+        return report_main(rest)
+    if command == "bench":
+        from bench.__main__ import main as bench_main
+
+        return bench_main(rest)
+    print(f"gradsync: unknown command '{command}'\n\n{USAGE}", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

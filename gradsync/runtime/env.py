@@ -1,0 +1,117 @@
+"""Where am I? Read rank and world from torchrun/gradsync or SLURM variables, pick backend and device, and
+initialise the process group. One call at the top of a training script; also works as a plain single process."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import os
+import re
+
+import torch
+import torch.distributed as dist
+
+DEFAULT_TIMEOUT_S = 600.0  # torch's own default for gloo and NCCL; GRADSYNC_TIMEOUT (seconds) overrides
+
+
+@dataclasses.dataclass(frozen=True)
+class DistInfo:
+    """What :func:`init` found: this process's place in the job and the device it should use."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    device: torch.device
+    backend: str
+
+    @property
+    def is_main(self) -> bool:
+        """True on global rank 0 (the rank that logs and writes checkpoints)."""
+        return self.rank == 0
+
+
+def expand_slurm_nodelist(nodelist: str) -> list[str]:
+    """``"gpu[01-03,7],login"`` → ``["gpu01", "gpu02", "gpu03", "gpu7", "login"]`` (what ``scontrol show
+    hostnames`` prints), so the first host can serve as the rendezvous address without calling scontrol."""
+    hosts: list[str] = []
+    for prefix, ranges, plain in re.findall(r"([^,\[]+)\[([^\]]+)\]|([^,\[\]]+)", nodelist):
+        if plain:
+            hosts.append(plain)
+            continue
+        for part in ranges.split(","):
+            lo, _, hi = part.partition("-")
+            if not hi:
+                hosts.append(prefix + lo)
+                continue
+            hosts.extend(f"{prefix}{i:0{len(lo)}d}" for i in range(int(lo), int(hi) + 1))
+    return hosts
+
+
+def discover(environ: dict[str, str] | None = None) -> dict[str, str]:
+    """The torchrun-style variables (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT)
+    for this process: taken as they are from torchrun/``gradsync run``, mapped from SLURM under ``srun``, or those
+    of a lone process."""
+    env = dict(os.environ if environ is None else environ)
+    if "RANK" in env and "WORLD_SIZE" in env:
+        out = {k: env[k] for k in ("RANK", "WORLD_SIZE") if k in env}
+        out["LOCAL_RANK"] = env.get("LOCAL_RANK", "0")
+        out["LOCAL_WORLD_SIZE"] = env.get("LOCAL_WORLD_SIZE", "1")
+        out["MASTER_ADDR"] = env.get("MASTER_ADDR", "127.0.0.1")
+        out["MASTER_PORT"] = env.get("MASTER_PORT", "29500")
+        return out
+    if "SLURM_PROCID" in env and "SLURM_NTASKS" in env:
+        nodelist = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST") or "127.0.0.1"
+        job_id = int(env.get("SLURM_JOB_ID", "0") or 0)
+        ntasks_per_node = env.get("SLURM_NTASKS_PER_NODE", "").split("(")[0]
+        return {
+            "RANK": env["SLURM_PROCID"],
+            "WORLD_SIZE": env["SLURM_NTASKS"],
+            "LOCAL_RANK": env.get("SLURM_LOCALID", "0"),
+            "LOCAL_WORLD_SIZE": ntasks_per_node or env.get("SLURM_NTASKS", "1"),
+            "MASTER_ADDR": env.get("MASTER_ADDR") or expand_slurm_nodelist(nodelist)[0],
+            # Same for every task of the job, different between jobs sharing a node (as Lightning derives it).
+            "MASTER_PORT": env.get("MASTER_PORT") or str(15000 + job_id % 20000),
+        }
+    return {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1"}
+
+
+def init(backend: str | None = None, timeout: float | datetime.timedelta | None = None) -> DistInfo:
+    """Initialise the default process group from the environment and return where this process stands.
+
+    Picks NCCL when CUDA is available and gloo otherwise, and sets the CUDA device from LOCAL_RANK. Collectives
+    fail after ``timeout`` (default: ``GRADSYNC_TIMEOUT`` seconds, else 600 s) instead of hanging. Run without a
+    launcher it forms a group of one, so the same script runs on a laptop. Calling it again returns the same info.
+
+    >>> info = gradsync.init()
+    >>> model = gradsync.DistributedDataParallel(model.to(info.device))  # doctest: +SKIP
+    """
+    found = discover()
+    rank, world = int(found["RANK"]), int(found["WORLD_SIZE"])
+    local_rank, local_world = int(found["LOCAL_RANK"]), int(found["LOCAL_WORLD_SIZE"])
+    if backend is None:
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+    device = torch.device("cpu")
+    if backend == "nccl":
+        if not torch.cuda.is_available():
+            raise RuntimeError("gradsync.init(backend='nccl') needs CUDA, which is not available; use 'gloo'.")
+        device = torch.device("cuda", local_rank % torch.cuda.device_count())
+        torch.cuda.set_device(device)
+    if dist.is_initialized():
+        return DistInfo(dist.get_rank(), dist.get_world_size(), local_rank, local_world, device, dist.get_backend())
+    if timeout is None:
+        timeout = float(os.environ.get("GRADSYNC_TIMEOUT", DEFAULT_TIMEOUT_S))
+    if not isinstance(timeout, datetime.timedelta):
+        timeout = datetime.timedelta(seconds=float(timeout))
+    if world == 1 and "MASTER_ADDR" not in found:
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
+    else:
+        os.environ.update({k: found[k] for k in ("MASTER_ADDR", "MASTER_PORT")})
+        dist.init_process_group(backend, init_method="env://", rank=rank, world_size=world, timeout=timeout)
+    return DistInfo(rank, world, local_rank, local_world, device, backend)
+
+
+def shutdown() -> None:
+    """Destroy the default process group if there is one (call at the end of a script)."""
+    if dist.is_initialized():
+        dist.destroy_process_group()
