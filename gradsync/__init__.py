@@ -3,6 +3,7 @@
 from gradsync.comm.grad_bucket import GradBucket
 from gradsync.data import DistributedLoader, DistributedSampler
 from gradsync.ddp import DistributedDataParallel
+from gradsync.runtime import checkpoint
 from gradsync.runtime.env import DistInfo, init, shutdown
 
 __version__ = "0.1.0"
@@ -14,6 +15,7 @@ __all__ = [
     "DistributedSampler",
     "GradBucket",
     "__version__",
+    "checkpoint",
     "init",
     "shutdown",
 ]

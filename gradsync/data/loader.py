@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sized
 from typing import Any
 
+import torch
 from torch.utils.data import DataLoader
 
 from gradsync.data.sampler import DistributedSampler
@@ -47,6 +48,11 @@ class DistributedLoader:
                 raise ValueError(f"DistributedLoader chooses '{reserved}' itself; do not pass it")
         self.batch_size = batch_size
         self.sampler = DistributedSampler(dataset, num_replicas, rank, shuffle=shuffle, seed=seed, drop_last=drop_last)
+        # A DataLoader draws its workers' base seed from the *global* torch RNG whenever iteration starts, so a run
+        # resumed mid-epoch would see every later dropout mask shifted. Its own generator, seeded per epoch and
+        # rank, keeps the global stream untouched and worker seeds reproducible.
+        self._own_generator = "generator" not in dataloader_kwargs
+        dataloader_kwargs.setdefault("generator", torch.Generator())
         self.loader = DataLoader(dataset, batch_size=batch_size, sampler=self.sampler, **dataloader_kwargs)
         self._start = 0
         self._batches = 0
@@ -58,6 +64,9 @@ class DistributedLoader:
 
     def __iter__(self) -> Iterator[Any]:
         self._start, self._batches = self.sampler.resume_position, 0  # now, not at the first next()
+        if self._own_generator:
+            s = self.sampler
+            self.loader.generator.manual_seed((s.seed * 1_000_003 + s.epoch) * 4099 + s.rank)
         return self._count(iter(self.loader))
 
     def _count(self, batches: Iterator[Any]) -> Iterator[Any]:

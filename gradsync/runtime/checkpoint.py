@@ -1,0 +1,120 @@
+"""Checkpoints that are never half-written, and resume that continues exactly where training stopped.
+
+Written to a temporary file in the same directory, flushed and fsynced, then renamed over the old one: a process
+killed mid-save leaves the previous checkpoint intact (nanoGPT and picotron overwrite in place). Every rank's RNG
+states are saved, so dropout and shuffling continue bit for bit after a resume.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+_RNG_KEY = "_gradsync_rng"
+_KINDS_KEY = "_gradsync_kinds"
+
+
+def _unwrap(obj: Any) -> Any:
+    # DDP (ours or torch's) saves the wrapped model's unprefixed names, loadable without DDP.
+    return obj.module if isinstance(obj, torch.nn.Module) and hasattr(obj, "module") else obj
+
+
+def rng_state() -> dict[str, Any]:
+    """This process's torch, CUDA, numpy and Python generator states."""
+    state = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: Mapping[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    np.random.set_state(state["numpy"])
+    random.setstate(state["python"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def atomic_torch_save(obj: Any, path: str | os.PathLike) -> None:
+    """``torch.save`` to a temporary file beside ``path``, fsync, then rename over ``path``."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        with open(tmp, "wb") as fh:
+            torch.save(obj, fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)  # the rename itself survives a power cut
+    finally:
+        os.close(dir_fd)
+
+
+def save(path: str | os.PathLike, process_group: dist.ProcessGroup | None = None, **state: Any) -> None:
+    """Save ``state`` atomically; call on every rank (the RNG states are gathered), rank 0 writes.
+
+    Values with a ``state_dict()`` (models, DDP-wrapped models, optimizers, samplers, loaders) are stored as their
+    state dicts; anything else (step, epoch, your extras) as it is.
+
+    >>> checkpoint.save("ckpt.pt", model=ddp, optimizer=opt, loader=loader, step=step)  # doctest: +SKIP
+    """
+    payload: dict[str, Any] = {}
+    kinds: dict[str, str] = {}
+    for key, value in state.items():
+        value = _unwrap(value)
+        if hasattr(value, "state_dict") and callable(value.state_dict):
+            payload[key], kinds[key] = value.state_dict(), "state_dict"
+        else:
+            payload[key], kinds[key] = value, "value"
+    rngs = [rng_state()]
+    if dist.is_initialized():
+        rngs = [None] * dist.get_world_size(process_group)
+        dist.all_gather_object(rngs, rng_state(), group=process_group)
+    payload[_RNG_KEY], payload[_KINDS_KEY] = rngs, kinds
+    if not dist.is_initialized() or dist.get_rank(process_group) == 0:
+        atomic_torch_save(payload, path)
+    if dist.is_initialized():
+        dist.barrier(group=process_group)  # nobody moves on (or exits) before the file is in place
+
+
+def load(path: str | os.PathLike, map_location: str | torch.device | None = None) -> dict[str, Any]:
+    """Read a checkpoint written by :func:`save` (onto ``map_location``, default CPU); pass it to :func:`restore`."""
+    if not Path(path).exists():
+        raise FileNotFoundError(f"gradsync.checkpoint.load: no checkpoint at '{path}'")
+    # weights_only=False: the payload holds numpy and Python RNG states; load only checkpoints you wrote.
+    return torch.load(path, map_location=map_location or "cpu", weights_only=False)
+
+
+def restore(checkpoint: Mapping[str, Any], restore_rng: bool = True, **targets: Any) -> dict[str, Any]:
+    """Load each saved state into the object passed under the same name; return the plain values (step, ...).
+
+    >>> ckpt = checkpoint.load("ckpt.pt")
+    >>> extras = checkpoint.restore(ckpt, model=ddp, optimizer=opt, loader=loader)
+    >>> start_step = extras["step"]  # doctest: +SKIP
+    """
+    kinds = checkpoint.get(_KINDS_KEY, {})
+    for key, target in targets.items():
+        if key not in checkpoint:
+            raise KeyError(f"gradsync.checkpoint.restore: the checkpoint has no '{key}' (it has {sorted(kinds)})")
+        _unwrap(target).load_state_dict(checkpoint[key])
+    if restore_rng:
+        rngs = checkpoint[_RNG_KEY]
+        rank = dist.get_rank() if dist.is_initialized() else 0
+        if len(rngs) == (dist.get_world_size() if dist.is_initialized() else 1):
+            set_rng_state(rngs[rank])
+        else:  # another world size: per-rank streams cannot carry over; keep rank 0's for determinism
+            set_rng_state(rngs[0])
+    return {k: v for k, v in checkpoint.items() if kinds.get(k) == "value"}
