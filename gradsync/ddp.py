@@ -110,6 +110,9 @@ class DistributedDataParallel(nn.Module):
     # ------------------------------------------------------------------------------------------------- forward
     def forward(self, *inputs: Any, **kwargs: Any) -> Any:
         sync = torch.is_grad_enabled() and self.require_backward_grad_sync
+        observer = self.reducer.observer if sync else None
+        if observer is not None:
+            observer.forward_start()
         if sync:
             # Before the forward, when memory is lowest and all ranks are at the same point (torch does the same).
             self.reducer.rebuild_buckets_if_pending()
@@ -119,6 +122,8 @@ class DistributedDataParallel(nn.Module):
             device = torch.device(self._params[0].device.type, self.device_ids[0])
             inputs, kwargs = map_tensors(lambda t: t.to(device, non_blocking=True), (inputs, kwargs))
         output = self.module(*inputs, **kwargs)
+        if observer is not None:
+            observer.forward_end()
         if sync:
             self.reducer.prepare_for_backward(self._unused_parameters(output))
         elif torch.is_grad_enabled():

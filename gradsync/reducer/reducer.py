@@ -64,6 +64,7 @@ class Reducer:
         self._rebuild_allowed = static_graph or not find_unused_parameters
         self.comm_state: Any = process_group
         self.comm_hook: CommHook = allreduce_hook
+        self.observer = None  # a gradsync.observe StepRecorder, fed only while one is attached
         self.iteration = 0  # synced backward passes completed
         self.rebuilt = False
         self._rebuild_pending = False
@@ -136,6 +137,8 @@ class Reducer:
             if phase is _Phase.PREPARED:
                 self._phase = _Phase.REDUCING
                 torch.autograd.Variable._execution_engine.queue_callback(self._finalize)
+                if self.observer is not None:
+                    self.observer.backward_start(self.buckets)
                 for j in self._unused:
                     self._mark_ready(j)
             elif phase is _Phase.FINISHED:
@@ -171,8 +174,11 @@ class Reducer:
             if self.gradient_as_bucket_view:
                 param.grad = view
         bucket.pending -= 1
-        if bucket.pending == 0 and bucket.index == self._next_launch:
-            self._launch_ready_buckets()
+        if bucket.pending == 0:
+            if self.observer is not None:
+                self.observer.bucket_ready(bucket.index)
+            if bucket.index == self._next_launch:
+                self._launch_ready_buckets()
 
     def _launch_ready_buckets(self) -> None:
         # Strictly in bucket order: every rank must issue identical collectives in an identical sequence.
@@ -187,12 +193,16 @@ class Reducer:
                 )
             self._futures[k] = fut
             self._next_launch += 1
+            if self.observer is not None:
+                self.observer.bucket_launched(k, fut)
         if self._next_launch == len(buckets) and self._used is not None:
             self._used_map = torch.tensor(list(self._used), dtype=torch.int32, device=self.params[0].device)
             self._used_work = dist.all_reduce(self._used_map, group=self.process_group, async_op=True)
 
     def _finalize(self) -> None:
         self._phase = _Phase.FINISHED
+        if self.observer is not None:
+            self.observer.backward_end()
         if self._next_launch < len(self.buckets):
             self._raise_not_ready()
         for k, fut in enumerate(self._futures):
@@ -210,6 +220,8 @@ class Reducer:
             self._used_work.wait()
             globally_used = self._used_map.tolist()
         self._write_back(globally_used)
+        if self.observer is not None:
+            self.observer.comm_end()
         self.iteration += 1
         if self._record_order:
             self._rebuild_pending = True

@@ -1,0 +1,79 @@
+"""``gradsync report TRACE.json``: a table of where the time went (slowest rank, exposed communication) and a
+PNG with one step's timeline per rank above a stacked bar of each rank's median breakdown."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from pathlib import Path
+
+from rich.console import Console
+
+from gradsync.observe.breakdown import median_breakdown
+from gradsync.observe.recorder import StepRecord
+from gradsync.observe.table import summary_table
+from gradsync.observe.trace import read_steps
+
+PHASES = [("forward", "tab:blue"), ("backward", "tab:orange"), ("exposed_comm", "tab:red"), ("optimizer", "tab:green")]
+
+
+def plot(per_rank: dict[int, list[StepRecord]], out: Path, step: int = -1) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (timeline, bars) = plt.subplots(2, 1, figsize=(11, 2.2 + 1.1 * len(per_rank)), constrained_layout=True)
+    ranks = sorted(per_rank)
+    origin = min(steps[step].forward_start for steps in per_rank.values() if steps)
+    for y, rank in enumerate(ranks):
+        s = per_rank[rank][step]
+        spans = [
+            (s.forward_start, s.forward_end, "tab:blue"),
+            (s.forward_end, s.backward_end, "tab:orange"),
+            (s.backward_end, s.comm_end, "tab:red"),
+            (s.optimizer_start, s.optimizer_end, "tab:green"),
+        ]
+        for start, end, color in spans:
+            if start and end:
+                timeline.broken_barh([((start - origin) * 1e3, (end - start) * 1e3)], (y - 0.4, 0.35), color=color)
+        for b in s.buckets:
+            if b.launch and b.done:
+                timeline.broken_barh(
+                    [((b.launch - origin) * 1e3, (b.done - b.launch) * 1e3)],
+                    (y + 0.05, 0.35),
+                    color="tab:purple",
+                    alpha=0.5 + 0.5 * (b.index % 2),
+                    edgecolor="black",
+                )
+    timeline.set_yticks(range(len(ranks)), [f"rank {r}" for r in ranks])
+    timeline.set_xlabel("ms since the step began (lower bar: compute; upper bar: bucket all-reduces)")
+    timeline.set_title("one step's timeline")
+    bottom = [0.0] * len(ranks)
+    medians = [median_breakdown(per_rank[r]) for r in ranks]
+    for phase, color in PHASES:
+        values = [getattr(m, phase) * 1e3 if m else 0.0 for m in medians]
+        bars.barh([f"rank {r}" for r in ranks], values, left=bottom, color=color, label=phase.replace("_", " "))
+        bottom = [a + b for a, b in zip(bottom, values)]
+    bars.set_xlabel("median ms per step")
+    bars.legend(loc="lower right", fontsize="small")
+    bars.set_title("where each step's time goes")
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="gradsync report", description=__doc__)
+    parser.add_argument("trace", type=Path, help="a trace written by Monitor.export_chrome_trace")
+    parser.add_argument("--out", type=Path, help="PNG to write (default: TRACE with .png)")
+    parser.add_argument("--step", type=int, default=-1, help="which step's timeline to draw (default: last)")
+    args = parser.parse_args(argv)
+    per_rank = read_steps(args.trace)
+    if not any(per_rank.values()):
+        print(f"gradsync report: {args.trace} holds no steps")
+        return 1
+    Console().print(summary_table(per_rank))
+    out = args.out or args.trace.with_suffix(".png")
+    plot(per_rank, out, args.step)
+    print(f"wrote {out}")
+    return 0
