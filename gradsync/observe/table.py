@@ -15,17 +15,7 @@ def summary_table(per_rank: dict[int, list[StepRecord]]) -> Table:
     if slow is not None:
         caption += f"\nslowest rank: {slow[0]} (arrived last at collectives, median {slow[1] * 1e3:.2f} ms late)"
     table = Table(title="gradsync: where each step's time goes", caption=caption)
-    for col in (
-        "rank",
-        "forward ms",
-        "backward ms",
-        "exposed comm ms",
-        "optimizer ms",
-        "step ms",
-        "overlap",
-        "MiB/step",
-        "buckets",
-    ):
+    for col in ("rank", "forward", "backward", "exposed", "optim", "step", "overlap", "MiB", "buckets"):
         table.add_column(col, justify="right")
     for rank, b in medians.items():
         table.add_row(
