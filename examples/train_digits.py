@@ -57,8 +57,7 @@ log(f"[bold]gradsync[/] digits: {info.world_size} rank(s), backend {info.backend
 digits = load_digits()
 images = torch.tensor(digits.images, dtype=torch.float32).unsqueeze(1) / 16.0  # (N, 1, 8, 8) in [0, 1]
 labels = torch.tensor(digits.target, dtype=torch.long)
-train_idx, test_idx = train_test_split(list(range(len(labels))), test_size=0.2, random_state=0,
-                                       stratify=digits.target)
+train_idx, test_idx = train_test_split(list(range(len(labels))), test_size=0.2, random_state=0, stratify=digits.target)
 train_set = TensorDataset(images[train_idx], labels[train_idx])
 test_set = TensorDataset(images[test_idx], labels[test_idx])
 loader = gradsync.DistributedLoader(train_set, batch_size=args.batch_size, shuffle=True, seed=args.seed)
@@ -66,9 +65,16 @@ loader = gradsync.DistributedLoader(train_set, batch_size=args.batch_size, shuff
 # -------------------------------------------------------------------------------------------- model
 torch.manual_seed(args.seed)
 model = nn.Sequential(
-    nn.Conv2d(1, 32, 3, padding=1), nn.ReLU(),
-    nn.Conv2d(32, 64, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),  # 8x8 -> 4x4
-    nn.Flatten(), nn.Dropout(0.2), nn.Linear(64 * 4 * 4, 128), nn.ReLU(), nn.Linear(128, 10),
+    nn.Conv2d(1, 32, 3, padding=1),
+    nn.ReLU(),
+    nn.Conv2d(32, 64, 3, padding=1),
+    nn.ReLU(),
+    nn.MaxPool2d(2),  # 8x8 -> 4x4
+    nn.Flatten(),
+    nn.Dropout(0.2),
+    nn.Linear(64 * 4 * 4, 128),
+    nn.ReLU(),
+    nn.Linear(128, 10),
 ).to(info.device)
 ddp = gradsync.DistributedDataParallel(model)
 optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=1e-4)
@@ -78,8 +84,9 @@ monitor = Monitor(ddp, optimizer)
 ckpt_path = args.out / "checkpoint.pt"
 start_epoch, step = 0, 0
 if args.resume and ckpt_path.exists():
-    extras = checkpoint.restore(checkpoint.load(ckpt_path, map_location=info.device),
-                                model=ddp, optimizer=optimizer, loader=loader)
+    extras = checkpoint.restore(
+        checkpoint.load(ckpt_path, map_location=info.device), model=ddp, optimizer=optimizer, loader=loader
+    )
     start_epoch, step = extras["epoch"], extras["step"]
     log(f"resumed from {ckpt_path}: epoch {start_epoch}, step {step}")
 
@@ -98,9 +105,15 @@ def evaluate() -> float:
 
 # -------------------------------------------------------------------------------------------- train
 started = time.perf_counter()
-progress = Progress(TextColumn("epoch {task.fields[epoch]}"), BarColumn(), MofNCompleteColumn(),
-                    TextColumn("loss {task.fields[loss]:.3f}"), TimeElapsedColumn(),
-                    console=console, disable=not info.is_main)
+progress = Progress(
+    TextColumn("epoch {task.fields[epoch]}"),
+    BarColumn(),
+    MofNCompleteColumn(),
+    TextColumn("loss {task.fields[loss]:.3f}"),
+    TimeElapsedColumn(),
+    console=console,
+    disable=not info.is_main,
+)
 accuracy = 0.0
 with progress:
     for epoch in range(start_epoch, args.epochs):

@@ -215,9 +215,13 @@ class Reducer:
                 raise RuntimeError(f"gradsync: {message}{describe_peer_errors()}") from exc
             if result.data_ptr() != bucket.buffer.data_ptr():
                 bucket.buffer.copy_(result.view_as(bucket.buffer))
+        # Hold no finished futures or works past this point: gloo work objects that outlive the process group
+        # are destroyed during interpreter teardown and abort the process ("terminate called ...").
+        self._futures = []
         globally_used = None
         if self._used is not None:
             self._used_work.wait()
+            self._used_work = None
             globally_used = self._used_map.tolist()
         self._write_back(globally_used)
         if self.observer is not None:
