@@ -14,6 +14,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from gradsync.groups import resolve
 from gradsync.reducer.reducer import CommHook, Reducer
 from gradsync.reducer.unused import unused_parameter_indices
 from gradsync.replicas import broadcast_tensors, verify_same_parameters
@@ -80,7 +81,7 @@ class DistributedDataParallel(nn.Module):
                 "single-process multi-device); start one process per GPU and pass device_ids=[local_rank]."
             )
         self.module = module
-        self.process_group = process_group if process_group is not None else dist.group.WORLD
+        self._process_group = process_group  # None: the default group, looked up at each use (gradsync.groups)
         self.device_ids = [_device_index(d) for d in device_ids] if device_ids else None
         self.output_device = _device_index(output_device) if output_device is not None else None
         self.dim = dim
@@ -99,13 +100,18 @@ class DistributedDataParallel(nn.Module):
         self.reducer = Reducer(
             self._params,
             [n for n, _ in named],
-            self.process_group,
+            process_group,
             bucket_cap_mb=bucket_cap_mb,
             gradient_as_bucket_view=gradient_as_bucket_view,
             find_unused_parameters=find_unused_parameters,
             static_graph=static_graph,
         )
         self._comm_hook_registered = False
+
+    @property
+    def process_group(self) -> dist.ProcessGroup:
+        """The group gradients are averaged over (the default group unless one was passed)."""
+        return resolve(self._process_group)
 
     # ------------------------------------------------------------------------------------------------- forward
     def forward(self, *inputs: Any, **kwargs: Any) -> Any:

@@ -13,12 +13,16 @@ from collections.abc import Sequence
 import torch
 import torch.distributed as dist
 
+from gradsync.groups import rank0_global
+
 
 def _signature(named_params: Sequence[tuple[str, torch.Tensor]]) -> list[tuple[str, tuple[int, ...], str, bool]]:
     return [(name, tuple(p.shape), str(p.dtype), p.requires_grad) for name, p in named_params]
 
 
-def verify_same_parameters(named_params: Sequence[tuple[str, torch.Tensor]], process_group: dist.ProcessGroup) -> None:
+def verify_same_parameters(
+    named_params: Sequence[tuple[str, torch.Tensor]], process_group: dist.ProcessGroup | None
+) -> None:
     """Raise ``ValueError`` on every rank if any rank's parameters differ in count, name, shape, dtype or
     requires_grad, naming the first differing parameter and the ranks involved."""
     mine = _signature(named_params)
@@ -49,11 +53,11 @@ def _describe(sig: tuple | None) -> str:
     return f"'{name}' shape={list(shape)} dtype={dtype} requires_grad={requires_grad}"
 
 
-def broadcast_tensors(tensors: Sequence[torch.Tensor], process_group: dist.ProcessGroup) -> None:
+def broadcast_tensors(tensors: Sequence[torch.Tensor], process_group: dist.ProcessGroup | None) -> None:
     """Overwrite ``tensors`` in place with group rank 0's values, one flat broadcast per dtype and device."""
     if not tensors:
         return
-    src = dist.get_global_rank(process_group, 0)
+    src = rank0_global(process_group)
     groups: dict[tuple, list[torch.Tensor]] = {}
     for t in tensors:
         groups.setdefault((t.dtype, t.device), []).append(t)

@@ -43,6 +43,7 @@ class StepRecorder:
         self.steps: list[StepRecord] = []
         self._offset = time.time() - time.perf_counter()
         self._current: StepRecord | None = None
+        self._in_flight: list[tuple[BucketRecord, torch.futures.Future]] = []
 
     def now(self) -> float:
         return self._offset + time.perf_counter()
@@ -72,25 +73,35 @@ class StepRecorder:
     def bucket_launched(self, k: int, future: torch.futures.Future) -> None:
         if self._current is None or not self._current.buckets:
             return
-        record = self._current.buckets[k]
-        record.launch = self.now()
+        self._current.buckets[k].launch = self.now()
+        self._in_flight.append((self._current.buckets[k], future))
 
-        def done(_fut: torch.futures.Future) -> None:
-            # Runs on the backend's thread, possibly after the reducer's wait returned and comm_end() filled it in.
-            if not record.done:
-                record.done = self.now()
-
-        future.add_done_callback(done)
+    def poll(self) -> None:
+        """Stamp the buckets whose all-reduce has finished. Polled from every gradient hook rather than a done
+        callback: a Python callback held by a gloo future can be released during interpreter teardown, which
+        aborts the process."""
+        if not self._in_flight:
+            return
+        now = self.now()
+        pending = []
+        for record, future in self._in_flight:
+            if future.done():
+                record.done = record.done or now
+            else:
+                pending.append((record, future))
+        self._in_flight = pending
 
     def backward_end(self) -> None:
+        self.poll()
         if self._current is not None:
             self._current.backward_end = self.now()
 
     def comm_end(self) -> None:
         if self._current is not None:
             self._current.comm_end = self.now()
-            for b in self._current.buckets:  # a completion callback may not have run yet; the wait has
+            for b in self._current.buckets:  # finished during the final wait
                 b.done = b.done or self._current.comm_end
+        self._in_flight = []
 
     # --- optimizer
     def optimizer_start(self) -> None:

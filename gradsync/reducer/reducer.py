@@ -18,6 +18,7 @@ import torch.distributed as dist
 
 from gradsync.comm.default_hooks import allreduce_hook
 from gradsync.comm.grad_bucket import GradBucket
+from gradsync.groups import rank0_global
 from gradsync.peer_errors import describe_peer_errors, post_error
 from gradsync.reducer.buckets import DEFAULT_BUCKET_CAP_MB, DEFAULT_FIRST_BUCKET_BYTES, MIB, Bucket, assign_buckets
 
@@ -42,7 +43,7 @@ class Reducer:
         self,
         params: Sequence[torch.nn.Parameter],
         names: Sequence[str],
-        process_group: dist.ProcessGroup,
+        process_group: dist.ProcessGroup | None,
         bucket_cap_mb: float | None = None,
         gradient_as_bucket_view: bool = False,
         find_unused_parameters: bool = False,
@@ -52,7 +53,7 @@ class Reducer:
             raise ValueError(f"bucket_cap_mb must be > 0 (MiB per bucket), got {bucket_cap_mb!r}")
         self.params = list(params)
         self.names = list(names)
-        self.process_group = process_group
+        self._process_group = process_group  # None: the default group, looked up at each use
         self.gradient_as_bucket_view = gradient_as_bucket_view
         cap_bytes = int((bucket_cap_mb if bucket_cap_mb is not None else DEFAULT_BUCKET_CAP_MB) * MIB)
         # torch shrinks the first bucket only when the user kept the default cap.
@@ -106,7 +107,7 @@ class Reducer:
         seen = set(self._ready_order)
         order = self._ready_order + [i for i in reversed(range(len(self.params))) if i not in seen]
         order_t = torch.tensor(order, dtype=torch.int64, device=self.params[0].device)
-        dist.broadcast(order_t, src=dist.get_global_rank(self.process_group, 0), group=self.process_group)
+        dist.broadcast(order_t, src=rank0_global(self._process_group), group=self._process_group)
         self._build(order_t.tolist())
         self._rebuild_pending = False
         self.rebuilt = True
@@ -149,6 +150,8 @@ class Reducer:
                 )
             if self._used is not None:
                 self._used[index] = 1
+            if self.observer is not None:
+                self.observer.poll()
             self._mark_ready(index)
 
         return hook
@@ -197,7 +200,7 @@ class Reducer:
                 self.observer.bucket_launched(k, fut)
         if self._next_launch == len(buckets) and self._used is not None:
             self._used_map = torch.tensor(list(self._used), dtype=torch.int32, device=self.params[0].device)
-            self._used_work = dist.all_reduce(self._used_map, group=self.process_group, async_op=True)
+            self._used_work = dist.all_reduce(self._used_map, group=self._process_group, async_op=True)
 
     def _finalize(self) -> None:
         self._phase = _Phase.FINISHED

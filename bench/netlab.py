@@ -1,0 +1,110 @@
+"""A small network lab on one machine: N "hosts" as network namespaces on a bridge, each link shaped by tc.
+
+Host i is namespace ``{prefix}-h{i}`` at 10.77.0.{i+1}/24 on interface ``eth0``; a switch namespace holds the
+bridge. Every link is shaped in both directions (tbf at ``rate``, optional netem ``delay``). Everything is removed
+on exit, also after a failure, and stale namespaces of the same prefix are removed first. Needs root.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import subprocess
+from collections.abc import Iterator
+
+SUBNET = "10.77.0"
+
+
+@dataclasses.dataclass(frozen=True)
+class Host:
+    index: int
+    namespace: str
+    address: str
+    interface: str = "eth0"
+
+    def command(self, argv: list[str]) -> list[str]:
+        """``argv`` run inside this host's namespace."""
+        return ["ip", "netns", "exec", self.namespace, *argv]
+
+
+def _sh(*argv: str, check: bool = True) -> subprocess.CompletedProcess:
+    return subprocess.run(list(argv), check=check, capture_output=True, text=True)
+
+
+def available() -> str | None:
+    """None if namespaces can be made here, else the reason."""
+    probe = "gsprobe-ns"
+    made = _sh("ip", "netns", "add", probe, check=False)
+    if made.returncode != 0:
+        return f"cannot create network namespaces ({made.stderr.strip() or 'ip netns add failed'}); run as root"
+    _sh("ip", "netns", "del", probe, check=False)
+    if _sh("tc", "-V", check=False).returncode != 0:
+        return "tc (iproute2) is not installed"
+    return None
+
+
+def _shape(namespace: str, dev: str, rate: str | None, delay: str | None) -> None:
+    ns = ["ip", "netns", "exec", namespace]
+    if rate:
+        # burst: a few ms of traffic at this rate, else tbf caps throughput far below `rate`.
+        _sh(
+            *ns,
+            "tc",
+            "qdisc",
+            "add",
+            "dev",
+            dev,
+            "root",
+            "handle",
+            "1:",
+            "tbf",
+            "rate",
+            rate,
+            "burst",
+            "1mbit",
+            "latency",
+            "100ms",
+        )
+    if delay:
+        parent = ["parent", "1:1"] if rate else ["root"]
+        _sh(*ns, "tc", "qdisc", "add", "dev", dev, *parent, "handle", "10:", "netem", "delay", delay)
+
+
+def remove(prefix: str) -> None:
+    listed = _sh("ip", "netns", "list", check=False).stdout.split("\n")
+    for line in listed:
+        name = line.split(" ")[0]
+        if name.startswith(prefix + "-"):
+            _sh("ip", "netns", "del", name, check=False)
+
+
+@contextlib.contextmanager
+def lab(
+    hosts: int = 2, rate: str | None = "1gbit", delay: str | None = None, prefix: str = "gsnet"
+) -> Iterator[list[Host]]:
+    """Create ``hosts`` namespaces on one shaped bridge; yield them; remove everything afterwards."""
+    remove(prefix)
+    switch = f"{prefix}-sw"
+    made: list[Host] = []
+    try:
+        _sh("ip", "netns", "add", switch)
+        _sh("ip", "-n", switch, "link", "add", "br0", "type", "bridge")
+        _sh("ip", "-n", switch, "link", "set", "br0", "up")
+        for i in range(hosts):
+            host = Host(i, f"{prefix}-h{i}", f"{SUBNET}.{i + 1}")
+            _sh("ip", "netns", "add", host.namespace)
+            _sh("ip", "link", "add", f"{prefix}{i}a", "type", "veth", "peer", "name", f"{prefix}{i}b")
+            _sh("ip", "link", "set", f"{prefix}{i}a", "netns", host.namespace)
+            _sh("ip", "link", "set", f"{prefix}{i}b", "netns", switch)
+            _sh("ip", "-n", host.namespace, "link", "set", f"{prefix}{i}a", "name", host.interface)
+            _sh("ip", "-n", host.namespace, "addr", "add", f"{host.address}/24", "dev", host.interface)
+            _sh("ip", "-n", host.namespace, "link", "set", host.interface, "up")
+            _sh("ip", "-n", host.namespace, "link", "set", "lo", "up")
+            _sh("ip", "-n", switch, "link", "set", f"{prefix}{i}b", "master", "br0")
+            _sh("ip", "-n", switch, "link", "set", f"{prefix}{i}b", "up")
+            _shape(host.namespace, host.interface, rate, delay)  # host → switch
+            _shape(switch, f"{prefix}{i}b", rate, delay)  # switch → host
+            made.append(host)
+        yield made
+    finally:
+        remove(prefix)

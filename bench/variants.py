@@ -1,0 +1,120 @@
+"""What one benchmark step is, for each variant: the same model and data, wrapped differently.
+
+A variant spec is ``kind[:key=value,...]``: ``local`` (no communication), ``torch`` (torch's DDP), ``gradsync``,
+``allreduce`` (only the all-reduce of every gradient, for the overlap bound). Keys: ``cap`` (bucket_cap_mb),
+``view`` (gradient_as_bucket_view=1), ``hook`` (fp16 | bf16 | powersgd | torch-fp16 | torch-bf16),
+``overlap_opt`` (1: step the optimizer per bucket as its average arrives).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+import gradsync
+from bench.zoo import make
+
+
+@dataclasses.dataclass
+class Variant:
+    spec: str
+    model: nn.Module
+    step: Callable[[object, Callable], dict[str, float]]
+    grad_bytes: int
+    wire_bytes: Callable[[], int]  # bytes all-reduced in the last step, as the hooks saw them
+    memory: Callable[[], int]  # bytes of gradient storage (grads + buckets) after a step
+
+
+def parse(spec: str) -> tuple[str, dict[str, str]]:
+    kind, _, rest = spec.partition(":")
+    options = dict(item.split("=", 1) for item in rest.split(",") if item)
+    return kind, options
+
+
+def _storage_bytes(tensors) -> int:
+    seen: dict[int, int] = {}
+    for t in tensors:
+        if t is not None:
+            s = t.untyped_storage()
+            seen[s.data_ptr()] = s.nbytes()
+    return sum(seen.values())
+
+
+def _counting(hook, counter: list[int]):
+    def wrapped(state, bucket):
+        counter[0] += bucket.buffer().numel() * bucket.buffer().element_size()
+        return hook(state, bucket)
+
+    return wrapped
+
+
+def _hook(name: str):
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+    if name == "torch-fp16":
+        return default_hooks.fp16_compress_hook
+    if name == "torch-bf16":
+        return default_hooks.bf16_compress_hook
+    from gradsync.comm import hooks as ours  # our compression hooks (issue 6)
+
+    return {"fp16": ours.fp16_compress_hook, "bf16": ours.bf16_compress_hook}[name]
+
+
+def build(spec: str, model_name: str, seed: int = 0) -> Variant:
+    kind, opts = parse(spec)
+    torch.manual_seed(seed)
+    module, _ = make(model_name)
+    params = [p for p in module.parameters() if p.requires_grad]
+    grad_bytes = sum(p.numel() * p.element_size() for p in params)
+    opt = torch.optim.SGD(params, lr=1e-4, momentum=0.9)
+    wire = [0]
+    cap = float(opts["cap"]) if "cap" in opts else None
+
+    if kind == "local":
+        net, ddp = module, None
+    elif kind == "torch":
+        net = ddp = torch.nn.parallel.DistributedDataParallel(module, bucket_cap_mb=cap)
+    elif kind == "gradsync":
+        net = ddp = gradsync.DistributedDataParallel(
+            module, bucket_cap_mb=cap, gradient_as_bucket_view=opts.get("view") == "1"
+        )
+    elif kind == "allreduce":
+        net, ddp = module, None
+    else:
+        raise ValueError(f"unknown variant kind '{kind}' in '{spec}'")
+    # Only a requested hook is registered: a Python hook would take torch's DDP off its C++ all-reduce path.
+    if ddp is not None and "hook" in opts:
+        ddp.register_comm_hook(dist.group.WORLD, _counting(_hook(opts["hook"]), wire))
+    uncompressed = ddp is not None and "hook" not in opts
+
+    def step(inputs, loss_fn) -> dict[str, float]:
+        wire[0] = 0
+        t0 = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        out = net(inputs)
+        t1 = time.perf_counter()
+        loss_fn(out).backward()
+        t2 = time.perf_counter()
+        if kind == "allreduce":  # what all-reducing every gradient costs on this link, bucketed at 25 MiB
+            flat = [torch.cat([p.grad.reshape(-1) for p in params])]
+            works = [dist.all_reduce(chunk, async_op=True) for chunk in flat[0].split(25 * 2**18)]
+            for w in works:
+                w.wait()
+            wire[0] = grad_bytes
+        t3 = time.perf_counter()
+        opt.step()
+        t4 = time.perf_counter()
+        return {"forward": t1 - t0, "backward": t2 - t1, "allreduce": t3 - t2, "optimizer": t4 - t3, "total": t4 - t0}
+
+    def memory() -> int:
+        tensors = [p.grad for p in params]
+        if kind == "gradsync":
+            tensors += [b.buffer for b in ddp.reducer.buckets]
+        return _storage_bytes(tensors)
+
+    return Variant(spec, module, step, grad_bytes, lambda: grad_bytes if uncompressed else wire[0], memory)
