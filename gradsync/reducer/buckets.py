@@ -62,6 +62,7 @@ class Bucket:
         self.index = index
         self.param_indices = param_indices
         members = [params[i] for i in param_indices]
+        self.params = members
         total = sum(p.numel() for p in members)
         self.buffer = torch.zeros(total, dtype=members[0].dtype, device=members[0].device)
         self.views: list[torch.Tensor] = []
@@ -77,3 +78,29 @@ class Bucket:
 
     def reset(self) -> None:
         self.pending = len(self.param_indices)
+
+    def gather_grads(self, as_view: bool) -> None:
+        """Copy the parameters' gradients into the buffer with one fused copy (zeros where there is none).
+
+        Done once the whole bucket is ready, not per gradient: one ``_foreach_copy_`` instead of a ``copy_`` per
+        parameter is what keeps models with many small parameters cheap. With ``as_view`` each ``.grad`` is then
+        rebound to its slot (gradient_as_bucket_view), unless it already is that slot.
+        """
+        grads = [p.grad for p in self.params]
+        if not as_view and all(g is not None for g in grads):  # the usual case: fresh gradients, no aliasing
+            torch._foreach_copy_(self.views, grads)
+            return
+        targets, sources, empty = [], [], []
+        for param, view in zip(self.params, self.views):
+            grad = param.grad
+            if grad is None:
+                empty.append(view)
+            elif grad.data_ptr() != view.data_ptr():
+                targets.append(view)
+                sources.append(grad)
+                if as_view:
+                    param.grad = view
+        if targets:
+            torch._foreach_copy_(targets, sources)
+        if empty:
+            torch._foreach_zero_(empty)

@@ -78,10 +78,14 @@ class Reducer:
     def _build(self, order: Sequence[int]) -> None:
         groups = assign_buckets(self.params, order, self.size_limits)
         self.buckets = [Bucket(k, g, self.params) for k, g in enumerate(groups)]
-        self._where: list[tuple[Bucket, int]] = [None] * len(self.params)  # type: ignore[list-item]
+        self._bucket_of: list[Bucket] = [None] * len(self.params)  # type: ignore[list-item]
         for bucket in self.buckets:
-            for slot, i in enumerate(bucket.param_indices):
-                self._where[i] = (bucket, slot)
+            for i in bucket.param_indices:
+                self._bucket_of[i] = bucket
+        # Bucket order, flattened: the write-back is one fused copy over these.
+        self._flat_params = [p for b in self.buckets for p in b.params]
+        self._flat_views = [v for b in self.buckets for v in b.views]
+        self._flat_indices = [i for b in self.buckets for i in b.param_indices]
         last = len(groups) - 1
         self._grad_buckets = [
             GradBucket(b.index, b.buffer, b.views, [self.params[i] for i in b.param_indices], b.index == last)
@@ -131,23 +135,10 @@ class Reducer:
         self._phase = _Phase.IDLE
 
     def _make_hook(self, index: int) -> Callable[[torch.Tensor], None]:
+        # The hot path: runs once per parameter per backward, so it only counts; copies happen per bucket.
         def hook(_param: torch.Tensor) -> None:
-            phase = self._phase
-            if phase is _Phase.IDLE:
+            if self._phase is not _Phase.REDUCING and not self._enter_backward(index):
                 return
-            if phase is _Phase.PREPARED:
-                self._phase = _Phase.REDUCING
-                torch.autograd.Variable._execution_engine.queue_callback(self._finalize)
-                if self.observer is not None:
-                    self.observer.backward_start(self.buckets)
-                for j in self._unused:
-                    self._mark_ready(j)
-            elif phase is _Phase.FINISHED:
-                raise RuntimeError(
-                    f"gradsync: backward() reached parameter '{self.names[index]}' again after its gradients were "
-                    "already averaged for this forward. Run forward() before each backward(), or wrap extra "
-                    "backward passes in ddp.no_sync()."
-                )
             if self._used is not None:
                 self._used[index] = 1
             if self.observer is not None:
@@ -155,6 +146,24 @@ class Reducer:
             self._mark_ready(index)
 
         return hook
+
+    def _enter_backward(self, index: int) -> bool:
+        """First hook of a backward: False to let it accumulate locally, True after arming the reduction."""
+        if self._phase is _Phase.IDLE:
+            return False
+        if self._phase is _Phase.FINISHED:
+            raise RuntimeError(
+                f"gradsync: backward() reached parameter '{self.names[index]}' again after its gradients were "
+                "already averaged for this forward. Run forward() before each backward(), or wrap extra "
+                "backward passes in ddp.no_sync()."
+            )
+        self._phase = _Phase.REDUCING
+        torch.autograd.Variable._execution_engine.queue_callback(self._finalize)
+        if self.observer is not None:
+            self.observer.backward_start(self.buckets)
+        for j in self._unused:
+            self._mark_ready(j)
+        return True
 
     def _mark_ready(self, i: int) -> None:
         if self._ready[i]:
@@ -166,18 +175,10 @@ class Reducer:
         self._ready[i] = 1
         if self._record_order:
             self._ready_order.append(i)
-        bucket, slot = self._where[i]
-        view = bucket.views[slot]
-        param = self.params[i]
-        grad = param.grad
-        if grad is None:
-            view.zero_()
-        elif grad.data_ptr() != view.data_ptr():
-            view.copy_(grad)
-            if self.gradient_as_bucket_view:
-                param.grad = view
+        bucket = self._bucket_of[i]
         bucket.pending -= 1
         if bucket.pending == 0:
+            bucket.gather_grads(self.gradient_as_bucket_view)
             if self.observer is not None:
                 self.observer.bucket_ready(bucket.index)
             if bucket.index == self._next_launch:
@@ -234,18 +235,22 @@ class Reducer:
             self._rebuild_pending = True
 
     def _write_back(self, globally_used: list[int] | None) -> None:
+        grads = [p.grad for p in self._flat_params]
+        if globally_used is None and all(g is not None for g in grads):
+            # The common case, one fused copy; with gradient_as_bucket_view every .grad already is its slot.
+            if not self.gradient_as_bucket_view:
+                torch._foreach_copy_(grads, self._flat_views)
+            return
         targets: list[torch.Tensor] = []
         sources: list[torch.Tensor] = []
-        for bucket in self.buckets:
-            for view, i in zip(bucket.views, bucket.param_indices):
-                if globally_used is not None and not globally_used[i]:
-                    continue  # torch leaves .grad untouched when no rank used the parameter
-                param = self.params[i]
-                if param.grad is None:
-                    param.grad = view if self.gradient_as_bucket_view else view.clone()
-                elif param.grad.data_ptr() != view.data_ptr():
-                    targets.append(param.grad)
-                    sources.append(view)
+        for param, grad, view, i in zip(self._flat_params, grads, self._flat_views, self._flat_indices):
+            if globally_used is not None and not globally_used[i]:
+                continue  # torch leaves .grad untouched when no rank used the parameter
+            if grad is None:
+                param.grad = view if self.gradient_as_bucket_view else view.clone()
+            elif grad.data_ptr() != view.data_ptr():
+                targets.append(grad)
+                sources.append(view)
         if targets:
             torch._foreach_copy_(targets, sources)
 
