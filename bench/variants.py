@@ -45,9 +45,10 @@ def _storage_bytes(tensors) -> int:
     return sum(seen.values())
 
 
-def _counting(hook, counter: list[int]):
+def _counting(hook, counter: list[int], bytes_per_value: float | None):
     def wrapped(state, bucket):
-        counter[0] += bucket.buffer().numel() * bucket.buffer().element_size()
+        width = bytes_per_value or bucket.buffer().element_size()
+        counter[0] += int(bucket.buffer().numel() * width)
         return hook(state, bucket)
 
     return wrapped
@@ -68,9 +69,9 @@ def _hook(name: str):
         return default_hooks.fp16_compress_hook
     if name == "torch-bf16":
         return default_hooks.bf16_compress_hook
-    from gradsync.comm import hooks as ours  # our compression hooks (issue 6)
+    from gradsync import comm
 
-    return {"fp16": ours.fp16_compress_hook, "bf16": ours.bf16_compress_hook}[name]
+    return {"fp16": comm.fp16_compress_hook, "bf16": comm.bf16_compress_hook}[name]
 
 
 def build(spec: str, model_name: str, seed: int = 0) -> Variant:
@@ -97,7 +98,8 @@ def build(spec: str, model_name: str, seed: int = 0) -> Variant:
         raise ValueError(f"unknown variant kind '{kind}' in '{spec}'")
     # Only a requested hook is registered: a Python hook would take torch's DDP off its C++ all-reduce path.
     if ddp is not None and "hook" in opts:
-        ddp.register_comm_hook(dist.group.WORLD, _counting(_hook(opts["hook"]), wire))
+        half = 2 if opts["hook"] in ("fp16", "bf16", "torch-fp16", "torch-bf16") else None
+        ddp.register_comm_hook(dist.group.WORLD, _counting(_hook(opts["hook"]), wire, half))
     uncompressed = ddp is not None and "hook" not in opts
 
     def step(inputs, loss_fn) -> dict[str, float]:

@@ -1,6 +1,19 @@
 """Communication hooks: what crosses the network for each bucket."""
 
+from gradsync.comm.compression import (
+    bf16_compress_hook,
+    bf16_compress_wrapper,
+    fp16_compress_hook,
+    fp16_compress_wrapper,
+)
 from gradsync.comm.default_hooks import allreduce_hook
 from gradsync.comm.grad_bucket import GradBucket
 
-__all__ = ["GradBucket", "allreduce_hook"]
+__all__ = [
+    "GradBucket",
+    "allreduce_hook",
+    "bf16_compress_hook",
+    "bf16_compress_wrapper",
+    "fp16_compress_hook",
+    "fp16_compress_wrapper",
+]

@@ -10,6 +10,7 @@ import torch
 import torch.distributed as dist
 
 from gradsync.comm.grad_bucket import GradBucket
+from gradsync.groups import resolve
 
 
 def allreduce_hook(process_group: dist.ProcessGroup | None, bucket: GradBucket) -> torch.futures.Future[torch.Tensor]:
@@ -17,7 +18,7 @@ def allreduce_hook(process_group: dist.ProcessGroup | None, bucket: GradBucket) 
 
     >>> ddp.register_comm_hook(None, allreduce_hook)  # doctest: +SKIP
     """
-    group = process_group if process_group is not None else dist.group.WORLD
+    group = resolve(process_group)
     tensor = bucket.buffer()
     tensor.div_(group.size())
     work = dist.all_reduce(tensor, group=group, async_op=True)

@@ -54,5 +54,6 @@ class GradBucket:
         return self._is_last
 
     def set_buffer(self, buffer: torch.Tensor) -> None:
-        """Replace the contents of the bucket's buffer (used by hooks that compress in place)."""
-        self._buffer.copy_(buffer)
+        """Make ``buffer`` (e.g. a compressed copy) what later hooks see as ``buffer()``; as in torch, the reducer
+        still takes the averaged result from the hook's future."""
+        self._buffer = buffer

@@ -86,11 +86,6 @@ class Reducer:
         self._flat_params = [p for b in self.buckets for p in b.params]
         self._flat_views = [v for b in self.buckets for v in b.views]
         self._flat_indices = [i for b in self.buckets for i in b.param_indices]
-        last = len(groups) - 1
-        self._grad_buckets = [
-            GradBucket(b.index, b.buffer, b.views, [self.params[i] for i in b.param_indices], b.index == last)
-            for b in self.buckets
-        ]
         if self.gradient_as_bucket_view:  # keep accumulated values, but from now on .grad lives in the bucket
             for bucket in self.buckets:
                 for view, i in zip(bucket.views, bucket.param_indices):
@@ -189,7 +184,9 @@ class Reducer:
         buckets = self.buckets
         while self._next_launch < len(buckets) and buckets[self._next_launch].pending == 0:
             k = self._next_launch
-            fut = self.comm_hook(self.comm_state, self._grad_buckets[k])
+            bucket = buckets[k]  # a fresh GradBucket each launch: hooks may set_buffer() on it, as in torch
+            grad_bucket = GradBucket(k, bucket.buffer, bucket.views, bucket.params, k == len(buckets) - 1)
+            fut = self.comm_hook(self.comm_state, grad_bucket)
             if not isinstance(fut, torch._C.Future):  # torch.futures.Future and what .then() returns
                 raise TypeError(
                     f"gradsync: communication hook {getattr(self.comm_hook, '__name__', self.comm_hook)!r} returned "
