@@ -149,7 +149,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--out", default="bench/results/latest.json")
     args = parser.parse_args(argv)
     result = run(args)
-    Console().print(table(result))
+    Console(width=150).print(table(result))
     print(f"wrote {args.out}")
     return 0
 

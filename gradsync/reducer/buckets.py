@@ -79,28 +79,29 @@ class Bucket:
     def reset(self) -> None:
         self.pending = len(self.param_indices)
 
-    def gather_grads(self, as_view: bool) -> None:
+    def adopt_grad(self, slot: int) -> None:
+        """gradient_as_bucket_view: move one fresh gradient into its slot and make ``.grad`` that slot, as soon as
+        it is ready, so at most one extra gradient is alive at a time (as torch's reducer does)."""
+        param, view = self.params[slot], self.views[slot]
+        grad = param.grad
+        if grad is None:
+            view.zero_()
+        elif grad.data_ptr() != view.data_ptr():
+            view.copy_(grad)
+            param.grad = view
+
+    def gather_grads(self) -> None:
         """Copy the parameters' gradients into the buffer with one fused copy (zeros where there is none).
 
         Done once the whole bucket is ready, not per gradient: one ``_foreach_copy_`` instead of a ``copy_`` per
-        parameter is what keeps models with many small parameters cheap. With ``as_view`` each ``.grad`` is then
-        rebound to its slot (gradient_as_bucket_view), unless it already is that slot.
+        parameter is what keeps models with many small parameters cheap.
         """
         grads = [p.grad for p in self.params]
-        if not as_view and all(g is not None for g in grads):  # the usual case: fresh gradients, no aliasing
+        if all(g is not None for g in grads):
             torch._foreach_copy_(self.views, grads)
             return
-        targets, sources, empty = [], [], []
-        for param, view in zip(self.params, self.views):
-            grad = param.grad
+        for grad, view in zip(grads, self.views):
             if grad is None:
-                empty.append(view)
-            elif grad.data_ptr() != view.data_ptr():
-                targets.append(view)
-                sources.append(grad)
-                if as_view:
-                    param.grad = view
-        if targets:
-            torch._foreach_copy_(targets, sources)
-        if empty:
-            torch._foreach_zero_(empty)
+                view.zero_()
+            else:
+                view.copy_(grad)

@@ -79,9 +79,11 @@ class Reducer:
         groups = assign_buckets(self.params, order, self.size_limits)
         self.buckets = [Bucket(k, g, self.params) for k, g in enumerate(groups)]
         self._bucket_of: list[Bucket] = [None] * len(self.params)  # type: ignore[list-item]
+        self._slot_of = [0] * len(self.params)
         for bucket in self.buckets:
-            for i in bucket.param_indices:
+            for slot, i in enumerate(bucket.param_indices):
                 self._bucket_of[i] = bucket
+                self._slot_of[i] = slot
         # Bucket order, flattened: the write-back is one fused copy over these.
         self._flat_params = [p for b in self.buckets for p in b.params]
         self._flat_views = [v for b in self.buckets for v in b.views]
@@ -171,9 +173,12 @@ class Reducer:
         if self._record_order:
             self._ready_order.append(i)
         bucket = self._bucket_of[i]
+        if self.gradient_as_bucket_view:
+            bucket.adopt_grad(self._slot_of[i])
         bucket.pending -= 1
         if bucket.pending == 0:
-            bucket.gather_grads(self.gradient_as_bucket_view)
+            if not self.gradient_as_bucket_view:
+                bucket.gather_grads()
             if self.observer is not None:
                 self.observer.bucket_ready(bucket.index)
             if bucket.index == self._next_launch:
