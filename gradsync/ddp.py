@@ -13,8 +13,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.algorithms.join import Join, Joinable
 
 from gradsync.groups import resolve
+from gradsync.join import DDPJoinHook
 from gradsync.reducer.reducer import CommHook, Reducer
 from gradsync.reducer.unused import unused_parameter_indices
 from gradsync.replicas import broadcast_tensors, verify_same_parameters
@@ -23,7 +25,7 @@ from gradsync.tree import iter_tensors, map_tensors
 _UNSUPPORTED = ("delay_all_reduce_named_params", "param_to_hook_all_reduce", "mixed_precision", "device_mesh")
 
 
-class DistributedDataParallel(nn.Module):
+class DistributedDataParallel(nn.Module, Joinable):
     """Data parallelism: each process holds a replica of ``module``; gradients are averaged during backward.
 
     Arguments mean what they mean for torch's DDP. After ``loss.backward()`` returns, every parameter's ``.grad``
@@ -59,6 +61,7 @@ class DistributedDataParallel(nn.Module):
         **unsupported: Any,
     ) -> None:
         super().__init__()
+        Joinable.__init__(self)
         for name in unsupported:
             hint = "gradsync does not implement it yet" if name in _UNSUPPORTED else "torch's DDP has no such argument"
             raise TypeError(f"gradsync.DistributedDataParallel: unexpected argument '{name}' ({hint})")
@@ -90,6 +93,7 @@ class DistributedDataParallel(nn.Module):
         self.gradient_as_bucket_view = gradient_as_bucket_view
         self.static_graph = static_graph
         self.require_backward_grad_sync = True
+        self._divide_by_initial_world_size = True
         self._static_unused: list[int] | None = None
 
         verify_same_parameters(list(module.named_parameters()), self.process_group)
@@ -120,9 +124,10 @@ class DistributedDataParallel(nn.Module):
         if observer is not None:
             observer.forward_start()
         if sync:
+            self._notify_join()
             # Before the forward, when memory is lowest and all ranks are at the same point (torch does the same).
             self.reducer.rebuild_buckets_if_pending()
-            if self.broadcast_buffers and self._buffers_to_sync and dist.get_world_size(self.process_group) > 1:
+            if self._will_broadcast_buffers():
                 broadcast_tensors(self._buffers_to_sync, self.process_group)
         if self.device_ids is not None:
             device = torch.device(self._params[0].device.type, self.device_ids[0])
@@ -135,6 +140,21 @@ class DistributedDataParallel(nn.Module):
         elif torch.is_grad_enabled():
             self.reducer.skip_next_backward()
         return output
+
+    def _will_broadcast_buffers(self) -> bool:
+        return bool(self.broadcast_buffers and self._buffers_to_sync and dist.get_world_size(self.process_group) > 1)
+
+    def _notify_join(self) -> None:
+        """Inside ``join()``: tell the joined ranks this one still trains (their loop waits on this all-reduce)."""
+        work = Join.notify_join_context(self)
+        if work is None:
+            return
+        active = 1.0
+        if not self._divide_by_initial_world_size:
+            work.wait()
+            active = work.result()[0].item()
+        world = dist.get_world_size(self.process_group)
+        self.reducer.grad_scale = 1.0 if self._divide_by_initial_world_size else world / active
 
     def _unused_parameters(self, output: Any) -> list[int]:
         if self.find_unused_parameters and not self.static_graph:
@@ -160,6 +180,38 @@ class DistributedDataParallel(nn.Module):
             yield
         finally:
             self.require_backward_grad_sync = previous
+
+    # ---------------------------------------------------------------------------------------- uneven inputs
+    def join(
+        self,
+        divide_by_initial_world_size: bool = True,
+        enable: bool = True,
+        throw_on_early_termination: bool = False,
+    ) -> Join:
+        """Context manager for ranks with different numbers of batches (torch's ``DistributedDataParallel.join``).
+
+        A rank that finishes its data early keeps answering the others' collectives with zeros until every rank is
+        done; then all replicas take the last rank's model. Averages divide by the initial world size (default) or
+        by the ranks still training.
+
+        >>> with ddp.join():
+        ...     for x, y in my_uneven_shard:
+        ...         opt.zero_grad(); loss_fn(ddp(x), y).backward(); opt.step()  # doctest: +SKIP
+        """
+        return Join(
+            [self], enable, throw_on_early_termination, divide_by_initial_world_size=divide_by_initial_world_size
+        )
+
+    def join_hook(self, **kwargs: Any) -> DDPJoinHook:
+        return DDPJoinHook(self, kwargs.get("divide_by_initial_world_size", True))
+
+    @property
+    def join_device(self) -> torch.device:
+        return self._params[0].device
+
+    @property
+    def join_process_group(self) -> dist.ProcessGroup:
+        return self.process_group
 
     def register_comm_hook(self, state: object, hook: CommHook) -> None:
         """Replace how each bucket is reduced; same contract as torch's ``register_comm_hook``.

@@ -53,19 +53,38 @@ def _describe(sig: tuple | None) -> str:
     return f"'{name}' shape={list(shape)} dtype={dtype} requires_grad={requires_grad}"
 
 
-def broadcast_tensors(tensors: Sequence[torch.Tensor], process_group: dist.ProcessGroup | None) -> None:
-    """Overwrite ``tensors`` in place with group rank 0's values, one flat broadcast per dtype and device."""
-    if not tensors:
-        return
-    src = rank0_global(process_group)
+def _flat_groups(tensors: Sequence[torch.Tensor]) -> list[list[torch.Tensor]]:
     groups: dict[tuple, list[torch.Tensor]] = {}
     for t in tensors:
         groups.setdefault((t.dtype, t.device), []).append(t)
+    return list(groups.values())
+
+
+def average_tensors(tensors: Sequence[torch.Tensor], process_group: dist.ProcessGroup | None) -> None:
+    """Replace ``tensors`` in place by their mean over the group, one flat all-reduce per dtype and device."""
+    world = dist.get_world_size(process_group)
     with torch.no_grad():
-        for members in groups.values():
+        for members in _flat_groups(tensors):
+            flat = torch.cat([t.reshape(-1) for t in members]).div_(world)
+            dist.all_reduce(flat, group=process_group)
+            _copy_back(members, flat)
+
+
+def _copy_back(members: list[torch.Tensor], flat: torch.Tensor) -> None:
+    pieces = flat.split([t.numel() for t in members])
+    torch._foreach_copy_(members, [piece.view_as(t) for piece, t in zip(pieces, members)])
+
+
+def broadcast_tensors(
+    tensors: Sequence[torch.Tensor], process_group: dist.ProcessGroup | None, src: int | None = None
+) -> None:
+    """Overwrite ``tensors`` in place with the values of global rank ``src`` (default: the group's rank 0), one
+    flat broadcast per dtype and device."""
+    if not tensors:
+        return
+    src = rank0_global(process_group) if src is None else src
+    with torch.no_grad():
+        for members in _flat_groups(tensors):
             flat = torch.cat([t.detach().reshape(-1) for t in members])
             dist.broadcast(flat, src=src, group=process_group)
-            offset = 0
-            for t in members:
-                t.copy_(flat[offset : offset + t.numel()].view_as(t))
-                offset += t.numel()
+            _copy_back(members, flat)

@@ -8,9 +8,12 @@ from gradsync.comm.compression import (
 )
 from gradsync.comm.default_hooks import allreduce_hook
 from gradsync.comm.grad_bucket import GradBucket
+from gradsync.comm.local_sgd import PostLocalSGD, average_parameters
 
 __all__ = [
     "GradBucket",
+    "PostLocalSGD",
+    "average_parameters",
     "allreduce_hook",
     "bf16_compress_hook",
     "bf16_compress_wrapper",

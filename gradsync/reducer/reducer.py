@@ -60,12 +60,13 @@ class Reducer:
         first_bytes = min(DEFAULT_FIRST_BUCKET_BYTES, cap_bytes) if bucket_cap_mb is None else cap_bytes
         self.size_limits = [max(first_bytes, 1), max(cap_bytes, 1)]
         # Usage is tracked (and globally unused parameters left untouched) as torch does for these two modes.
-        self._track_usage = find_unused_parameters or static_graph
+        self.tracks_usage = find_unused_parameters or static_graph
         # With a dynamic graph the ready order changes between iterations, so torch never rebuilds then.
         self._rebuild_allowed = static_graph or not find_unused_parameters
         self.comm_state: Any = process_group
         self.comm_hook: CommHook = allreduce_hook
         self.observer = None  # a gradsync.observe StepRecorder, fed only while one is attached
+        self.grad_scale = 1.0  # applied to the averages (join with divide_by_initial_world_size=False)
         self.iteration = 0  # synced backward passes completed
         self.rebuilt = False
         self._rebuild_pending = False
@@ -120,7 +121,7 @@ class Reducer:
         for bucket in self.buckets:
             bucket.reset()
         self._ready = bytearray(len(self.params))
-        self._used = bytearray(len(self.params)) if self._track_usage else None
+        self._used = bytearray(len(self.params)) if self.tracks_usage else None
         self._futures: list[torch.futures.Future | None] = [None] * len(self.buckets)
         self._next_launch = 0
         self._unused = unused
@@ -229,6 +230,8 @@ class Reducer:
             self._used_work.wait()
             self._used_work = None
             globally_used = self._used_map.tolist()
+        if self.grad_scale != 1.0:
+            torch._foreach_mul_([b.buffer for b in self.buckets], self.grad_scale)
         self._write_back(globally_used)
         if self.observer is not None:
             self.observer.comm_end()

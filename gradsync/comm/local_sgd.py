@@ -1,0 +1,66 @@
+"""Skipping synchronisation beyond no_sync: post-local SGD (Lin et al., ICLR 2020; torch's ``post_localSGD_hook`` +
+``PeriodicModelAverager``).
+
+For the first ``warmup_steps`` optimizer steps gradients are averaged as usual; afterwards each rank trains on its
+own gradients and the *parameters* are averaged every ``period`` steps: 1/period of the communication, at the cost
+of replicas drifting apart between averages.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from gradsync.comm.default_hooks import allreduce_hook
+from gradsync.comm.grad_bucket import GradBucket
+from gradsync.replicas import average_tensors
+
+
+class PostLocalSGD:
+    """Attach to a DDP model before the first backward; call :meth:`step` after each ``optimizer.step()``.
+
+    Example::
+
+        local_sgd = PostLocalSGD(ddp, period=4, warmup_steps=100)
+        for x, y in loader:
+            opt.zero_grad(); loss_fn(ddp(x), y).backward(); opt.step()
+            local_sgd.step()   # averages the parameters every 4 steps once warm-up is over
+    """
+
+    def __init__(self, ddp: Any, period: int, warmup_steps: int = 0) -> None:
+        if period < 1:
+            raise ValueError(f"PostLocalSGD: period must be >= 1 step, got {period}")
+        if warmup_steps < 0:
+            raise ValueError(f"PostLocalSGD: warmup_steps must be >= 0, got {warmup_steps}")
+        self.ddp = ddp
+        self.period = period
+        self.warmup_steps = warmup_steps
+        self.step_count = 0
+        ddp.register_comm_hook(None, self._hook)
+
+    @property
+    def local(self) -> bool:
+        """True once warm-up is over and gradients stay on their rank."""
+        return self.step_count >= self.warmup_steps
+
+    def _hook(self, _state: Any, bucket: GradBucket) -> torch.futures.Future:
+        if not self.local:
+            return allreduce_hook(self.ddp.process_group, bucket)
+        fut: torch.futures.Future = torch.futures.Future()
+        fut.set_result(bucket.buffer())  # keep this rank's own gradients
+        return fut
+
+    def step(self) -> bool:
+        """Count an optimizer step; average the parameters if one is due. Returns True when it averaged."""
+        self.step_count += 1
+        due = self.step_count > self.warmup_steps and (self.step_count - self.warmup_steps) % self.period == 0
+        if due:
+            average_tensors([p.detach() for p in self.ddp.module.parameters()], self.ddp.process_group)
+        return due
+
+
+def average_parameters(module: torch.nn.Module, process_group: dist.ProcessGroup | None = None) -> None:
+    """Replace every parameter of ``module`` by its mean over ``process_group`` (one all-reduce per dtype)."""
+    average_tensors([p.detach() for p in module.parameters()], process_group)

@@ -1,0 +1,92 @@
+"""Skipping and uneven inputs: join() with 3 vs 5 batches finishes and matches a reference; post-local SGD keeps
+replicas identical right after each averaging and averages exactly."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from ddp_cases import BATCH, batch
+from models import build
+from torch import nn
+
+import gradsync
+from gradsync.comm import PostLocalSGD
+from gradsync.testing import spawn
+
+STEPS = {0: 3, 1: 5}
+
+
+def _join(rank: int, world_size: int, divide_by_initial: bool, with_bn: bool) -> dict:
+    module = build("bn" if with_bn else "mlp")
+    ddp = gradsync.DistributedDataParallel(module, bucket_cap_mb=0.0005)
+    opt = torch.optim.SGD(module.parameters(), lr=0.1)
+    with ddp.join(divide_by_initial_world_size=divide_by_initial):
+        for step in range(STEPS[rank]):
+            x, y = batch(step, 0, world_size)
+            sl = slice(rank * BATCH, (rank + 1) * BATCH)
+            opt.zero_grad()
+            nn.functional.mse_loss(ddp(x[sl]), y[sl]).backward()
+            opt.step()
+    return {k: v.clone() for k, v in module.named_parameters()}
+
+
+def _join_reference(world_size: int, divide_by_initial: bool) -> dict:
+    module = build("mlp")
+    opt = torch.optim.SGD(module.parameters(), lr=0.1)
+    for step in range(max(STEPS.values())):
+        active = [r for r in range(world_size) if STEPS[r] > step]
+        x, y = batch(step, 0, world_size)
+        losses = [
+            nn.functional.mse_loss(module(x[r * BATCH : (r + 1) * BATCH]), y[r * BATCH : (r + 1) * BATCH])
+            for r in active
+        ]
+        opt.zero_grad()
+        (sum(losses) / (world_size if divide_by_initial else len(active))).backward()
+        opt.step()
+    return {k: v.clone() for k, v in module.named_parameters()}
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("divide_by_initial", [True, False])
+def test_join_with_uneven_inputs_matches_reference(divide_by_initial: bool) -> None:
+    r0, r1 = spawn(_join, args=(divide_by_initial, False), timeout=80, pg_timeout=20)
+    ref = _join_reference(2, divide_by_initial)
+    for k in ref:
+        assert torch.equal(r0[k], r1[k]), k  # everyone ends with the last joiner's model
+        assert (r0[k] - ref[k]).abs().max() <= 1e-5, k
+
+
+@pytest.mark.timeout(90)
+def test_join_shadows_buffer_broadcasts() -> None:
+    r0, r1 = spawn(_join, args=(True, True), timeout=80, pg_timeout=20)  # BatchNorm: buffers broadcast each step
+    assert all(torch.equal(r0[k], r1[k]) for k in r0)
+
+
+def _local_sgd(rank: int, world_size: int) -> list[dict]:
+    module = build("mlp")
+    ddp = gradsync.DistributedDataParallel(module)
+    local = PostLocalSGD(ddp, period=3, warmup_steps=2)
+    opt = torch.optim.SGD(module.parameters(), lr=0.1)
+    log = []
+    for step in range(9):
+        x, y = batch(step, 0, world_size)
+        sl = slice(rank * BATCH, (rank + 1) * BATCH)
+        opt.zero_grad()
+        nn.functional.mse_loss(ddp(x[sl]), y[sl]).backward()
+        opt.step()
+        before = [p.detach().clone() for p in module.parameters()]
+        averaged = local.step()
+        log.append({"averaged": averaged, "before": before, "after": [p.detach().clone() for p in module.parameters()]})
+    return log
+
+
+@pytest.mark.timeout(90)
+def test_post_local_sgd_averages_every_period_after_warmup() -> None:
+    log0, log1 = spawn(_local_sgd, timeout=80)
+    assert [e["averaged"] for e in log0] == [False, False, False, False, True, False, False, True, False]
+    for step, (a, b) in enumerate(zip(log0, log1)):
+        same = all(torch.equal(p, q) for p, q in zip(a["after"], b["after"]))
+        assert same == (step < 2 or a["averaged"]), step  # synced in warm-up and right after each averaging
+        if a["averaged"]:
+            for p, q, after in zip(a["before"], b["before"], a["after"]):
+                assert (after - (p + q) / 2).abs().max() <= 1e-6
