@@ -9,8 +9,9 @@ gradients are averaged during backward, so 2 ranks × batch 32 train exactly lik
     gradsync run --nproc-per-node 2 examples/train_digits.py
     # survive a crashed worker: restart from the last checkpoint
     gradsync run --nproc-per-node 2 --max-restarts 2 examples/train_digits.py --resume
-    # two hosts (run on each; host A at 10.0.0.1 serves the rendezvous)
-    gradsync run --nnodes 2 --nproc-per-node 1 --rdzv-endpoint 10.0.0.1:29400 examples/train_digits.py
+    # two hosts (run on each, with that host's own address; host A at 10.0.0.1 serves the rendezvous)
+    gradsync run --nnodes 2 --nproc-per-node 1 --rdzv-endpoint 10.0.0.1:29400 --local-addr 10.0.0.1 \
+        examples/train_digits.py
 
 Afterwards rank 0 prints where each step's time went; ``--trace trace.json`` also writes a timeline for
 ``gradsync report trace.json`` or ui.perfetto.dev.

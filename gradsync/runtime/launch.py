@@ -37,6 +37,12 @@ def _prepare(argv: Sequence[str]):
         else:
             args.rdzv_endpoint = args.rdzv_endpoint or f"{args.master_addr}:{args.master_port or 29500}"
         args.rdzv_backend = "c10d"
+    endpoint_host = args.rdzv_endpoint.rsplit(":", 1)[0]
+    if args.local_addr and endpoint_host == args.local_addr and "is_host" not in args.rdzv_conf:
+        # torch decides who hosts the rendezvous store by resolving the machine's hostname, which fails where the
+        # hostname does not map to the serving interface (containers, namespaces): the node whose --local-addr is
+        # the endpoint hosts it.
+        args.rdzv_conf = ",".join(c for c in (args.rdzv_conf, "is_host=1") if c)
     if args.rdzv_id == "none":
         args.rdzv_id = f"gradsync-{args.rdzv_endpoint}"
     if args.master_port is None:
