@@ -15,6 +15,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.algorithms.join import Join, Joinable
 
+from gradsync import desync
 from gradsync.groups import resolve
 from gradsync.join import DDPJoinHook
 from gradsync.reducer.reducer import CommHook, Reducer
@@ -110,6 +111,7 @@ class DistributedDataParallel(nn.Module, Joinable):
             find_unused_parameters=find_unused_parameters,
             static_graph=static_graph,
         )
+        self.reducer.check_desync = desync.enabled()
         self._comm_hook_registered = False
 
     @property
@@ -128,6 +130,9 @@ class DistributedDataParallel(nn.Module, Joinable):
             # Before the forward, when memory is lowest and all ranks are at the same point (torch does the same).
             self.reducer.rebuild_buckets_if_pending()
             if self._will_broadcast_buffers():
+                if self.reducer.check_desync:
+                    step = self.reducer.synced_steps + 1
+                    desync.check(self._process_group, desync.BROADCAST_BUFFERS, step, 0, self._buffers_to_sync[0])
                 broadcast_tensors(self._buffers_to_sync, self.process_group)
         if self.device_ids is not None:
             device = torch.device(self._params[0].device.type, self.device_ids[0])

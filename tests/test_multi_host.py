@@ -24,9 +24,28 @@ def test_two_hosts_train_to_identical_parameters(tmp_path: Path) -> None:
     with netlab.lab(hosts=2, rate="1gbit", prefix="gstest") as hosts:
         procs = []
         for h in hosts:
-            cmd = h.command(["env", f"GLOO_SOCKET_IFNAME={h.interface}", sys.executable, "-m", "gradsync", "run",
-                             "--nnodes", "2", "--nproc-per-node", "1", "--rdzv-endpoint", f"{hosts[0].address}:29400",
-                             "--rdzv-id", "two-hosts", "--local-addr", h.address, str(SCRIPT), str(tmp_path)])
+            cmd = h.command(
+                [
+                    "env",
+                    f"GLOO_SOCKET_IFNAME={h.interface}",
+                    sys.executable,
+                    "-m",
+                    "gradsync",
+                    "run",
+                    "--nnodes",
+                    "2",
+                    "--nproc-per-node",
+                    "1",
+                    "--rdzv-endpoint",
+                    f"{hosts[0].address}:29400",
+                    "--rdzv-id",
+                    "two-hosts",
+                    "--local-addr",
+                    h.address,
+                    str(SCRIPT),
+                    str(tmp_path),
+                ]
+            )
             procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
         outputs = [p.communicate(timeout=150)[0] for p in procs]
         for p, out in zip(procs, outputs):
@@ -35,5 +54,8 @@ def test_two_hosts_train_to_identical_parameters(tmp_path: Path) -> None:
     a, b = (torch.load(tmp_path / f"rank{r}.pt") for r in range(2))
     for key in a:
         assert torch.equal(a[key], b[key]), key
-    assert not [n for n in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
-                if n.startswith("gstest-")], "namespaces left behind"
+    assert not [
+        n
+        for n in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
+        if n.startswith("gstest-")
+    ], "namespaces left behind"

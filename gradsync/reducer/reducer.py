@@ -16,6 +16,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from gradsync import desync
 from gradsync.comm.default_hooks import allreduce_hook
 from gradsync.comm.grad_bucket import GradBucket
 from gradsync.groups import rank0_global
@@ -68,6 +69,8 @@ class Reducer:
         self.observer = None  # a gradsync.observe StepRecorder, fed only while one is attached
         self.grad_scale = 1.0  # applied to the averages (join with divide_by_initial_world_size=False)
         self.iteration = 0  # synced backward passes completed
+        self.synced_steps = 0  # synced forwards prepared (the step number desync fingerprints carry)
+        self.check_desync = False  # GRADSYNC_DEBUG: compare fingerprints before each collective
         self.rebuilt = False
         self._rebuild_pending = False
         self._ready_order: list[int] = []
@@ -109,6 +112,8 @@ class Reducer:
         seen = set(self._ready_order)
         order = self._ready_order + [i for i in reversed(range(len(self.params))) if i not in seen]
         order_t = torch.tensor(order, dtype=torch.int64, device=self.params[0].device)
+        if self.check_desync:
+            desync.check(self._process_group, desync.BROADCAST_REBUILD, self.synced_steps + 1, 0, order_t)
         dist.broadcast(order_t, src=rank0_global(self._process_group), group=self._process_group)
         self._build(order_t.tolist())
         self._rebuild_pending = False
@@ -127,6 +132,7 @@ class Reducer:
         self._unused = unused
         self._record_order = self._rebuild_allowed and not self.rebuilt and self.iteration == 0
         self._phase = _Phase.PREPARED
+        self.synced_steps += 1
 
     def skip_next_backward(self) -> None:
         """Let the next backward accumulate gradients locally (no_sync / require_backward_grad_sync=False)."""
@@ -192,6 +198,8 @@ class Reducer:
             k = self._next_launch
             bucket = buckets[k]  # a fresh GradBucket each launch: hooks may set_buffer() on it, as in torch
             grad_bucket = GradBucket(k, bucket.buffer, bucket.views, bucket.params, k == len(buckets) - 1)
+            if self.check_desync:
+                desync.check(self._process_group, desync.ALLREDUCE_BUCKET, self.synced_steps, k, bucket.buffer)
             fut = self.comm_hook(self.comm_state, grad_bucket)
             if not isinstance(fut, torch._C.Future):  # torch.futures.Future and what .then() returns
                 raise TypeError(
@@ -204,6 +212,8 @@ class Reducer:
                 self.observer.bucket_launched(k, fut)
         if self._next_launch == len(buckets) and self._used is not None:
             self._used_map = torch.tensor(list(self._used), dtype=torch.int32, device=self.params[0].device)
+            if self.check_desync:
+                desync.check(self._process_group, desync.ALLREDUCE_USED, self.synced_steps, 0, self._used_map)
             self._used_work = dist.all_reduce(self._used_map, group=self._process_group, async_op=True)
 
     def _finalize(self) -> None:

@@ -1,4 +1,5 @@
 """Trains a small model a few steps with gradsync DDP and saves this rank's parameters to OUT_DIR/rank<r>.pt."""
+
 import os
 import sys
 
@@ -18,7 +19,6 @@ for _ in range(5):
     opt.zero_grad()
     nn.functional.mse_loss(ddp(x), y).backward()
     opt.step()
-torch.save({k: v.clone() for k, v in model.state_dict().items()},
-           os.path.join(sys.argv[1], f"rank{info.rank}.pt"))
+torch.save({k: v.clone() for k, v in model.state_dict().items()}, os.path.join(sys.argv[1], f"rank{info.rank}.pt"))
 print(f"host rank {info.rank} of {info.world_size} done", flush=True)
 gradsync.shutdown()

@@ -1,0 +1,86 @@
+"""No hangs: a dead or hung peer and ranks that fall out of step all end in named errors on every surviving rank,
+within the process-group timeout."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+import torch
+from models import build
+from torch import nn
+
+import gradsync
+from gradsync.testing import SpawnError, spawn
+
+
+def _skip_one_backward(rank: int, world_size: int) -> None:
+    os.environ["GRADSYNC_DEBUG"] = "1"
+    ddp = gradsync.DistributedDataParallel(build("bn"))  # BatchNorm: buffers are broadcast before each forward
+    for step in range(3):
+        loss = ddp(torch.randn(4, 6)).sum()
+        if rank == 1 and step == 1:
+            continue  # a rank-dependent skip: rank 1 goes straight to the next forward
+        loss.backward()
+
+
+@pytest.mark.timeout(60)
+def test_desync_is_named_on_every_rank() -> None:
+    with pytest.raises(SpawnError) as info:
+        spawn(_skip_one_backward, timeout=50, pg_timeout=10)
+    failures = info.value.failures
+    assert sorted(failures) == [0, 1]
+    for f in failures.values():
+        assert "ranks are out of step" in f.message
+        assert "rank 0: all-reduce of bucket 0" in f.message and "in synced step 2" in f.message
+        assert "rank 1: broadcast of module buffers" in f.message and "in synced step 3" in f.message
+
+
+def _peer_dies(rank: int, world_size: int, pg_timeout: float) -> None:
+    ddp = gradsync.DistributedDataParallel(nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 1)))
+    for step in range(4):
+        loss = ddp(torch.randn(4, 8)).sum()
+        if rank == 2 and step == 2:
+            os._exit(1)  # killed mid-training: no exception, no goodbye
+        start = time.monotonic()
+        try:
+            loss.backward()
+        finally:
+            assert time.monotonic() - start < pg_timeout + 5
+
+
+@pytest.mark.timeout(90)
+def test_dead_peer_fails_every_survivor_with_the_operation_named() -> None:
+    with pytest.raises(SpawnError) as info:
+        spawn(_peer_dies, world_size=3, args=(10.0,), timeout=80, pg_timeout=10)
+    failures = info.value.failures
+    assert failures[2].kind == "ProcessDied"
+    for r in (0, 1):
+        assert failures[r].kind == "RuntimeError"
+        assert "all-reduce of bucket 0 of 1" in failures[r].message and f"failed on rank {r}" in failures[r].message
+        assert "params: 1.bias, 1.weight, 0.bias, 0.weight" in failures[r].message
+
+
+def _peer_hangs(rank: int, world_size: int) -> float:
+    ddp = gradsync.DistributedDataParallel(nn.Linear(8, 1))
+    loss = ddp(torch.randn(4, 8)).sum()
+    if rank == 1:
+        time.sleep(30)  # stuck (a deadlock, a stalled data loader) while rank 0 waits in the all-reduce
+        return 0.0
+    start = time.monotonic()
+    try:
+        loss.backward()
+    except RuntimeError as exc:
+        assert "all-reduce of bucket 0" in str(exc), exc
+        return time.monotonic() - start
+    raise AssertionError("rank 0 did not fail")
+
+
+@pytest.mark.timeout(90)
+def test_hung_peer_times_out_instead_of_hanging() -> None:
+    with pytest.raises(SpawnError) as info:
+        spawn(_peer_hangs, timeout=12, pg_timeout=4)
+    # Rank 0 gave up after the 4 s process-group timeout (and returned); rank 1 was still asleep at the deadline.
+    assert 3.5 <= info.value.results[0] <= 12
+    assert info.value.failures[1].kind == "Timeout"
