@@ -3,6 +3,7 @@
 from gradsync.comm.grad_bucket import GradBucket
 from gradsync.data import DistributedLoader, DistributedSampler
 from gradsync.ddp import DistributedDataParallel
+from gradsync.optim import ShardedOptimizer, ZeroRedundancyOptimizer
 from gradsync.runtime import checkpoint
 from gradsync.runtime.env import DistInfo, init, shutdown
 
@@ -14,6 +15,8 @@ __all__ = [
     "DistributedLoader",
     "DistributedSampler",
     "GradBucket",
+    "ShardedOptimizer",
+    "ZeroRedundancyOptimizer",
     "__version__",
     "checkpoint",
     "init",

@@ -1,0 +1,5 @@
+"""Optimizers that know they are distributed."""
+
+from gradsync.optim.sharded import ShardedOptimizer, ZeroRedundancyOptimizer, partition
+
+__all__ = ["ShardedOptimizer", "ZeroRedundancyOptimizer", "partition"]

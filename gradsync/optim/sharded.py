@@ -1,0 +1,155 @@
+"""ShardedOptimizer: ZeRO stage 1 (Rajbhandari et al., SC 2020), the optimizer state split across ranks.
+
+Each rank owns a balanced share of the parameters and keeps optimizer state (Adam's two moments, momentum) only
+for those: about 1/world of the memory. After the gradients are averaged (by DDP), each rank steps its own share
+and broadcasts the updated values to the others, so every replica stays identical and training is unchanged.
+Named like torch's ``ZeroRedundancyOptimizer`` (an alias is exported), whose constructor arguments it follows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.optim import Optimizer
+
+from gradsync.groups import resolve
+from gradsync.replicas import broadcast_tensors
+
+
+def partition(sizes: list[int], world_size: int) -> list[int]:
+    """Owner rank of each tensor: largest first, each to the rank holding the fewest elements so far (torch's rule).
+
+    >>> partition([10, 1, 1, 8], 2)
+    [0, 1, 1, 1]
+    """
+    loads = [0] * world_size
+    owner = [0] * len(sizes)
+    for i in sorted(range(len(sizes)), key=lambda i: (-sizes[i], i)):
+        rank = min(range(world_size), key=lambda r: (loads[r], r))
+        owner[i] = rank
+        loads[rank] += sizes[i]
+    return owner
+
+
+class ShardedOptimizer(Optimizer):
+    """An optimizer whose state lives on one rank per parameter. Use it exactly like ``optimizer_class``.
+
+    Example::
+
+        ddp = gradsync.DistributedDataParallel(model)
+        opt = gradsync.ShardedOptimizer(ddp.parameters(), optimizer_class=torch.optim.AdamW, lr=1e-3)
+        ...
+        opt.consolidate_state_dict(to=0)          # on every rank, before saving
+        if rank == 0:
+            torch.save(opt.state_dict(), "optim.pt")  # a plain AdamW state dict, loadable at any world size
+    """
+
+    def __init__(
+        self,
+        params: Iterable[Any],
+        optimizer_class: type[Optimizer] = torch.optim.Adam,
+        process_group: dist.ProcessGroup | None = None,
+        **defaults: Any,
+    ) -> None:
+        super().__init__(params, defaults)
+        self._process_group = process_group
+        self.optimizer_class = optimizer_class
+        self._all = [p for g in self.param_groups for p in g["params"]]
+        devices = {p.device for p in self._all}
+        if len(devices) > 1:
+            raise ValueError(
+                f"ShardedOptimizer: all parameters must be on one device, found {sorted(map(str, devices))}"
+            )
+        self.world_size = dist.get_world_size(process_group)
+        self.rank = dist.get_rank(process_group)
+        self.owner = partition([p.numel() for p in self._all], self.world_size)
+        index = {id(p): i for i, p in enumerate(self._all)}
+        self._local_to_global = [
+            index[id(p)] for g in self.param_groups for p in g["params"] if self.owner[index[id(p)]] == self.rank
+        ]
+        local_groups = [
+            {**_hyper(g), "params": [p for p in g["params"] if self.owner[index[id(p)]] == self.rank]}
+            for g in self.param_groups
+        ]
+        # A rank can own nothing (more ranks than parameters): it then only receives broadcasts.
+        self.local = optimizer_class(local_groups, **defaults) if self._local_to_global else None
+        self._consolidated: dict[int, Any] | None = None
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        if self.local is not None:
+            for mine, full in zip(self.local.param_groups, self.param_groups):
+                mine.update(_hyper(full))  # learning-rate schedulers edit self.param_groups
+            self.local.step()
+        group = resolve(self._process_group)
+        for r in range(self.world_size):
+            owned = [p for p, o in zip(self._all, self.owner) if o == r]
+            broadcast_tensors(owned, self._process_group, src=dist.get_global_rank(group, r))
+        return loss
+
+    def local_state_bytes(self) -> int:
+        """Bytes of optimizer state held on this rank."""
+        if self.local is None:
+            return 0
+        return sum(
+            v.numel() * v.element_size()
+            for s in self.local.state.values()
+            for v in s.values()
+            if isinstance(v, torch.Tensor)
+        )
+
+    def consolidate_state_dict(self, to: int = 0) -> None:
+        """Collect every rank's shard of the state on rank ``to`` (a collective: call it on every rank)."""
+        local = self.local.state_dict()["state"] if self.local is not None else {}
+        mine = {self._local_to_global[i]: s for i, s in local.items()}
+        shards: list = [None] * self.world_size
+        dist.all_gather_object(shards, mine, group=self._process_group)
+        self._consolidated = {k: v for shard in shards for k, v in shard.items()} if self.rank == to else None
+
+    def state_dict(self) -> dict[str, Any]:
+        """The full state, as ``optimizer_class`` over all parameters would give it (after consolidation here)."""
+        if self._consolidated is None:
+            raise RuntimeError(
+                f"ShardedOptimizer.state_dict() on rank {self.rank}: the state is sharded. Call "
+                "consolidate_state_dict(to=R) on every rank first, then state_dict() on rank R."
+            )
+        groups, start = [], 0
+        for g in self.param_groups:
+            groups.append({**_hyper(g), "params": list(range(start, start + len(g["params"])))})
+            start += len(g["params"])
+        return {"state": dict(sorted(self._consolidated.items())), "param_groups": groups}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Load a full state dict (from :meth:`state_dict`, or from the unsharded optimizer) and keep this rank's
+        share. The world size may differ from the one it was saved with."""
+        saved = [len(g["params"]) for g in state_dict["param_groups"]]
+        mine = [len(g["params"]) for g in self.param_groups]
+        if saved != mine:
+            raise ValueError(
+                f"ShardedOptimizer.load_state_dict: the state was saved for parameter groups of sizes {saved}, "
+                f"this optimizer has {mine}; build it over the same parameters, in the same groups."
+            )
+        for full, g in zip(self.param_groups, state_dict["param_groups"]):
+            full.update(_hyper(g))
+        if self.local is None:
+            return
+        state = {i: state_dict["state"][gi] for i, gi in enumerate(self._local_to_global) if gi in state_dict["state"]}
+        groups, local_i = [], 0
+        for mine_g, g in zip(self.local.param_groups, state_dict["param_groups"]):
+            groups.append({**_hyper(g), "params": list(range(local_i, local_i + len(mine_g["params"])))})
+            local_i += len(mine_g["params"])
+        self.local.load_state_dict({"state": state, "param_groups": groups})
+
+
+def _hyper(group: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in group.items() if k != "params"}
+
+
+ZeroRedundancyOptimizer = ShardedOptimizer
