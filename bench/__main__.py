@@ -117,7 +117,7 @@ def table(result: dict) -> Table:
     if bound:
         title += f"; overlap bound {bound:.1f} ms"
     t = Table(title=title)
-    for col in ("variant", "median ms", "vs torch", "vs bound", "fwd", "bwd", "optim", "MiB sent"):
+    for col in ("variant", "median ms", "vs torch", "vs bound", "fwd", "bwd", "optim", "MiB sent", "optim state MiB"):
         t.add_column(col, justify="right")
     for spec, v in result["variants"].items():
         ratio = v.get("ratio_vs_torch")

@@ -3,12 +3,14 @@
 A variant spec is ``kind[:key=value,...]``: ``local`` (no communication), ``torch`` (torch's DDP), ``gradsync``,
 ``allreduce`` (only the all-reduce of every gradient, for the overlap bound). Keys: ``cap`` (bucket_cap_mb),
 ``view`` (gradient_as_bucket_view=1), ``hook`` (fp16 | bf16 | powersgd | torch-fp16 | torch-bf16),
-``overlap_opt`` (1: step the optimizer per bucket as its average arrives).
+``opt`` (adam; default SGD with momentum), ``zero`` (1: gradsync.ShardedOptimizer around it), ``debug`` (1:
+GRADSYNC_DEBUG desync checks).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
 from collections.abc import Callable
 
@@ -28,6 +30,7 @@ class Variant:
     grad_bytes: int
     wire_bytes: Callable[[], int]  # bytes all-reduced in the last step, as the hooks saw them
     memory: Callable[[], int]  # bytes of gradient storage (grads + buckets) after a step
+    optimizer_state: Callable[[], int]  # bytes of optimizer state on this rank
 
 
 def parse(spec: str) -> tuple[str, dict[str, str]]:
@@ -80,7 +83,15 @@ def build(spec: str, model_name: str, seed: int = 0) -> Variant:
     module, _ = make(model_name)
     params = [p for p in module.parameters() if p.requires_grad]
     grad_bytes = sum(p.numel() * p.element_size() for p in params)
-    opt = torch.optim.SGD(params, lr=1e-4, momentum=0.9)
+    opt_class, opt_kw = (
+        (torch.optim.Adam, {"lr": 1e-4})
+        if opts.get("opt") == "adam"
+        else (torch.optim.SGD, {"lr": 1e-4, "momentum": 0.9})
+    )
+    if opts.get("zero") == "1":
+        opt = gradsync.ShardedOptimizer(params, optimizer_class=opt_class, **opt_kw)
+    else:
+        opt = opt_class(params, **opt_kw)
     wire = [0]
     cap = float(opts["cap"]) if "cap" in opts else None
 
@@ -89,11 +100,14 @@ def build(spec: str, model_name: str, seed: int = 0) -> Variant:
     elif kind == "torch":
         net = ddp = torch.nn.parallel.DistributedDataParallel(module, bucket_cap_mb=cap)
     elif kind == "gradsync":
+        if opts.get("debug") == "1":
+            os.environ["GRADSYNC_DEBUG"] = "1"
         net = ddp = gradsync.DistributedDataParallel(
             module, bucket_cap_mb=cap, gradient_as_bucket_view=opts.get("view") == "1"
         )
     elif kind == "allreduce":
         net, ddp = module, None
+        os.environ.pop("GRADSYNC_DEBUG", None)  # read at construction: the other variants stay unchecked
     else:
         raise ValueError(f"unknown variant kind '{kind}' in '{spec}'")
     # Only a requested hook is registered: a Python hook would take torch's DDP off its C++ all-reduce path.
@@ -127,4 +141,12 @@ def build(spec: str, model_name: str, seed: int = 0) -> Variant:
             tensors += [b.buffer for b in ddp.reducer.buckets]
         return _storage_bytes(tensors)
 
-    return Variant(spec, module, step, grad_bytes, lambda: grad_bytes if uncompressed else wire[0], memory)
+    def optimizer_state() -> int:
+        if isinstance(opt, gradsync.ShardedOptimizer):
+            return opt.local_state_bytes()
+        return sum(
+            v.numel() * v.element_size() for s in opt.state.values() for v in s.values() if isinstance(v, torch.Tensor)
+        )
+
+    wire_bytes = (lambda: grad_bytes) if uncompressed else (lambda: wire[0])
+    return Variant(spec, module, step, grad_bytes, wire_bytes, memory, optimizer_state)

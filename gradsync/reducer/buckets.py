@@ -14,6 +14,10 @@ MIB = 1024 * 1024
 DEFAULT_BUCKET_CAP_MB = 25.0
 # torch's dist._DEFAULT_FIRST_BUCKET_BYTES: the first-launched bucket is small so communication starts early.
 DEFAULT_FIRST_BUCKET_BYTES = 1 * MIB
+# Gradients at least this large are copied into the bucket as soon as they are ready (spreading the copying over
+# backward, so the bucket launches right after its last gradient); smaller ones are copied together, in one fused
+# copy when the bucket is full (a copy call per tiny gradient would cost more than the copying).
+EAGER_COPY_NUMEL = 4096
 
 
 def assign_buckets(
@@ -71,6 +75,9 @@ class Bucket:
             self.views.append(self.buffer[offset : offset + p.numel()].view_as(p))
             offset += p.numel()
         self.pending = len(param_indices)
+        self.eager = [p.numel() >= EAGER_COPY_NUMEL for p in members]
+        self._small_params = [p for p, eager in zip(members, self.eager) if not eager]
+        self._small_views = [v for v, eager in zip(self.views, self.eager) if not eager]
 
     @property
     def nbytes(self) -> int:
@@ -90,17 +97,23 @@ class Bucket:
             view.copy_(grad)
             param.grad = view
 
-    def gather_grads(self) -> None:
-        """Copy the parameters' gradients into the buffer with one fused copy (zeros where there is none).
+    def copy_grad(self, slot: int) -> None:
+        """Copy one parameter's gradient into its slot (zeros if it has none)."""
+        grad = self.params[slot].grad
+        if grad is None:
+            self.views[slot].zero_()
+        else:
+            self.views[slot].copy_(grad)
 
-        Done once the whole bucket is ready, not per gradient: one ``_foreach_copy_`` instead of a ``copy_`` per
-        parameter is what keeps models with many small parameters cheap.
-        """
-        grads = [p.grad for p in self.params]
-        if all(g is not None for g in grads):
-            torch._foreach_copy_(self.views, grads)
+    def gather_small_grads(self) -> None:
+        """Copy all the small gradients in with one fused copy, once the whole bucket is ready."""
+        if not self._small_params:
             return
-        for grad, view in zip(grads, self.views):
+        grads = [p.grad for p in self._small_params]
+        if all(g is not None for g in grads):
+            torch._foreach_copy_(self._small_views, grads)
+            return
+        for grad, view in zip(grads, self._small_views):
             if grad is None:
                 view.zero_()
             else:

@@ -180,12 +180,15 @@ class Reducer:
         if self._record_order:
             self._ready_order.append(i)
         bucket = self._bucket_of[i]
+        slot = self._slot_of[i]
         if self.gradient_as_bucket_view:
-            bucket.adopt_grad(self._slot_of[i])
+            bucket.adopt_grad(slot)
+        elif bucket.eager[slot]:
+            bucket.copy_grad(slot)
         bucket.pending -= 1
         if bucket.pending == 0:
             if not self.gradient_as_bucket_view:
-                bucket.gather_grads()
+                bucket.gather_small_grads()
             if self.observer is not None:
                 self.observer.bucket_ready(bucket.index)
             if bucket.index == self._next_launch:
