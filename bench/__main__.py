@@ -130,6 +130,7 @@ def table(result: dict) -> Table:
             f"{v['backward_ms']:.1f}",
             f"{v['optimizer_ms']:.1f}",
             f"{v['wire_bytes'] / 2**20:.1f}",
+            f"{v.get('optimizer_state_bytes', 0) / 2**20:.1f}",
         )
     return t
 

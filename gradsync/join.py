@@ -17,7 +17,6 @@ import torch
 import torch.distributed as dist
 from torch.distributed.algorithms.join import JoinHook
 
-from gradsync.comm.grad_bucket import GradBucket
 from gradsync.replicas import broadcast_tensors
 
 if TYPE_CHECKING:
@@ -40,8 +39,7 @@ class DDPJoinHook(JoinHook):
         for k, bucket in enumerate(reducer.buckets):
             zeros = torch.zeros_like(bucket.buffer)
             views = [zeros[o : o + v.numel()].view_as(v) for o, v in _offsets(bucket.views)]
-            grad_bucket = GradBucket(k, zeros, views, bucket.params, k == len(reducer.buckets) - 1)
-            futures.append(reducer.comm_hook(reducer.comm_state, grad_bucket))
+            futures.append(reducer.reduce_async(k, zeros, views))
         if reducer.tracks_usage:
             futures.append(
                 dist.all_reduce(

@@ -86,7 +86,10 @@ class Bucket:
     def reset(self) -> None:
         self.pending = len(self.param_indices)
 
-    def adopt_grad(self, slot: int) -> None:
+    # ``divisor`` (the world size, when gradsync itself averages): like torch's C++ reducer, gradients are divided
+    # on their way into the bucket (one pass over memory), not copied and then divided again in the hook.
+
+    def adopt_grad(self, slot: int, divisor: int | None) -> None:
         """gradient_as_bucket_view: move one fresh gradient into its slot and make ``.grad`` that slot, as soon as
         it is ready, so at most one extra gradient is alive at a time (as torch's reducer does)."""
         param, view = self.params[slot], self.views[slot]
@@ -94,27 +97,38 @@ class Bucket:
         if grad is None:
             view.zero_()
         elif grad.data_ptr() != view.data_ptr():
-            view.copy_(grad)
+            _move(grad, view, divisor)
             param.grad = view
+        elif divisor:
+            view.div_(divisor)
 
-    def copy_grad(self, slot: int) -> None:
+    def copy_grad(self, slot: int, divisor: int | None) -> None:
         """Copy one parameter's gradient into its slot (zeros if it has none)."""
         grad = self.params[slot].grad
         if grad is None:
             self.views[slot].zero_()
         else:
-            self.views[slot].copy_(grad)
+            _move(grad, self.views[slot], divisor)
 
-    def gather_small_grads(self) -> None:
+    def gather_small_grads(self, divisor: int | None) -> None:
         """Copy all the small gradients in with one fused copy, once the whole bucket is ready."""
         if not self._small_params:
             return
         grads = [p.grad for p in self._small_params]
         if all(g is not None for g in grads):
             torch._foreach_copy_(self._small_views, grads)
-            return
-        for grad, view in zip(grads, self._small_views):
-            if grad is None:
-                view.zero_()
-            else:
-                view.copy_(grad)
+        else:
+            for grad, view in zip(grads, self._small_views):
+                if grad is None:
+                    view.zero_()
+                else:
+                    view.copy_(grad)
+        if divisor:
+            torch._foreach_div_(self._small_views, divisor)
+
+
+def _move(grad: torch.Tensor, view: torch.Tensor, divisor: int | None) -> None:
+    if divisor:
+        torch.div(grad, divisor, out=view)
+    else:
+        view.copy_(grad)

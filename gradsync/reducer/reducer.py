@@ -17,7 +17,6 @@ import torch
 import torch.distributed as dist
 
 from gradsync import desync
-from gradsync.comm.default_hooks import allreduce_hook
 from gradsync.comm.grad_bucket import GradBucket
 from gradsync.groups import rank0_global
 from gradsync.peer_errors import describe_peer_errors, post_error
@@ -65,7 +64,8 @@ class Reducer:
         # With a dynamic graph the ready order changes between iterations, so torch never rebuilds then.
         self._rebuild_allowed = static_graph or not find_unused_parameters
         self.comm_state: Any = process_group
-        self.comm_hook: CommHook = allreduce_hook
+        # None: the built-in averaging (divide on the way into the bucket, one plain all-reduce), torch's C++ path.
+        self.comm_hook: CommHook | None = None
         self.observer = None  # a gradsync.observe StepRecorder, fed only while one is attached
         self.grad_scale = 1.0  # applied to the averages (join with divide_by_initial_world_size=False)
         self.iteration = 0  # synced backward passes completed
@@ -133,6 +133,7 @@ class Reducer:
         self._record_order = self._rebuild_allowed and not self.rebuilt and self.iteration == 0
         self._phase = _Phase.PREPARED
         self.synced_steps += 1
+        self._divisor = dist.get_world_size(self._process_group) if self.comm_hook is None else None
 
     def skip_next_backward(self) -> None:
         """Let the next backward accumulate gradients locally (no_sync / require_backward_grad_sync=False)."""
@@ -182,13 +183,13 @@ class Reducer:
         bucket = self._bucket_of[i]
         slot = self._slot_of[i]
         if self.gradient_as_bucket_view:
-            bucket.adopt_grad(slot)
+            bucket.adopt_grad(slot, self._divisor)
         elif bucket.eager[slot]:
-            bucket.copy_grad(slot)
+            bucket.copy_grad(slot, self._divisor)
         bucket.pending -= 1
         if bucket.pending == 0:
             if not self.gradient_as_bucket_view:
-                bucket.gather_small_grads()
+                bucket.gather_small_grads(self._divisor)
             if self.observer is not None:
                 self.observer.bucket_ready(bucket.index)
             if bucket.index == self._next_launch:
@@ -199,16 +200,10 @@ class Reducer:
         buckets = self.buckets
         while self._next_launch < len(buckets) and buckets[self._next_launch].pending == 0:
             k = self._next_launch
-            bucket = buckets[k]  # a fresh GradBucket each launch: hooks may set_buffer() on it, as in torch
-            grad_bucket = GradBucket(k, bucket.buffer, bucket.views, bucket.params, k == len(buckets) - 1)
+            bucket = buckets[k]
             if self.check_desync:
                 desync.check(self._process_group, desync.ALLREDUCE_BUCKET, self.synced_steps, k, bucket.buffer)
-            fut = self.comm_hook(self.comm_state, grad_bucket)
-            if not isinstance(fut, torch._C.Future):  # torch.futures.Future and what .then() returns
-                raise TypeError(
-                    f"gradsync: communication hook {getattr(self.comm_hook, '__name__', self.comm_hook)!r} returned "
-                    f"{type(fut).__name__} for bucket {k}; it must return a torch.futures.Future[torch.Tensor]."
-                )
+            fut = self.reduce_async(k, bucket.buffer, bucket.views)
             self._futures[k] = fut
             self._next_launch += 1
             if self.observer is not None:
@@ -218,6 +213,21 @@ class Reducer:
             if self.check_desync:
                 desync.check(self._process_group, desync.ALLREDUCE_USED, self.synced_steps, 0, self._used_map)
             self._used_work = dist.all_reduce(self._used_map, group=self._process_group, async_op=True)
+
+    def reduce_async(self, k: int, buffer: torch.Tensor, views: list[torch.Tensor]) -> torch.futures.Future:
+        """Start reducing bucket ``k``'s ``buffer`` (the join shadow passes zeros): the communication hook, or the
+        built-in all-reduce of gradients already divided by the world size."""
+        if self.comm_hook is None:
+            return dist.all_reduce(buffer, group=self._process_group, async_op=True).get_future()
+        # A fresh GradBucket each launch: hooks may set_buffer() on it, as in torch.
+        params = self.buckets[k].params
+        fut = self.comm_hook(self.comm_state, GradBucket(k, buffer, views, params, k == len(self.buckets) - 1))
+        if not isinstance(fut, torch._C.Future):  # torch.futures.Future and what .then() returns
+            raise TypeError(
+                f"gradsync: communication hook {getattr(self.comm_hook, '__name__', self.comm_hook)!r} returned "
+                f"{type(fut).__name__} for bucket {k}; it must return a torch.futures.Future[torch.Tensor]."
+            )
+        return fut
 
     def _finalize(self) -> None:
         self._phase = _Phase.FINISHED
@@ -233,6 +243,8 @@ class Reducer:
                 message = f"all-reduce of {self.describe_bucket(k)} failed on rank {dist.get_rank()}: {exc}"
                 post_error(message)
                 raise RuntimeError(f"gradsync: {message}{describe_peer_errors()}") from exc
+            if isinstance(result, list):  # the built-in all-reduce's future holds [tensor]
+                result = result[0]
             if result.data_ptr() != bucket.buffer.data_ptr():
                 bucket.buffer.copy_(result.view_as(bucket.buffer))
         # Hold no finished futures or works past this point: gloo work objects that outlive the process group
