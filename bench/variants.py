@@ -3,8 +3,10 @@
 A variant spec is ``kind[:key=value,...]``: ``local`` (no communication), ``torch`` (torch's DDP), ``gradsync``,
 ``allreduce`` (only the all-reduce of every gradient, for the overlap bound). Keys: ``cap`` (bucket_cap_mb),
 ``view`` (gradient_as_bucket_view=1), ``hook`` (fp16 | bf16 | powersgd | torch-fp16 | torch-bf16),
-``opt`` (adam; default SGD with momentum), ``zero`` (1: gradsync.ShardedOptimizer around it), ``debug`` (1:
-GRADSYNC_DEBUG desync checks).
+``monitor`` (1: a gradsync.observe.Monitor attached), ``overlap`` (0: hold every bucket's all-reduce until the
+last bucket is ready, i.e. no overlap with backward), ``accum`` (k: k micro-batches per step, k-1 under no_sync;
+times are per micro-batch), ``opt`` (adam; default SGD with momentum), ``zero`` (1: gradsync.ShardedOptimizer
+around it), ``debug`` (1: GRADSYNC_DEBUG desync checks).
 """
 
 from __future__ import annotations
@@ -77,6 +79,25 @@ def _hook(name: str):
     return {"fp16": comm.fp16_compress_hook, "bf16": comm.bf16_compress_hook}[name]
 
 
+def _no_overlap_hook():
+    """All-reduce nothing until the last bucket is ready, then every bucket: DDP without overlap (the paper's
+    baseline for its overlap experiment)."""
+    from gradsync.comm import allreduce_hook
+
+    held: list = []
+
+    def hook(state, bucket):
+        pending: torch.futures.Future = torch.futures.Future()
+        held.append((bucket, pending))
+        if bucket.is_last():
+            for b, fut in held:
+                allreduce_hook(state, b).then(lambda f, fut=fut: fut.set_result(f.value()))
+            held.clear()
+        return pending
+
+    return hook
+
+
 def build(spec: str, model_name: str, seed: int = 0) -> Variant:
     kind, opts = parse(spec)
     torch.manual_seed(seed)
@@ -110,6 +131,13 @@ def build(spec: str, model_name: str, seed: int = 0) -> Variant:
         os.environ.pop("GRADSYNC_DEBUG", None)  # read at construction: the other variants stay unchecked
     else:
         raise ValueError(f"unknown variant kind '{kind}' in '{spec}'")
+    if kind == "gradsync" and opts.get("overlap") == "0":
+        ddp.register_comm_hook(None, _no_overlap_hook())
+    if kind == "gradsync" and opts.get("monitor") == "1":
+        from gradsync.observe import Monitor
+
+        Monitor(ddp, opt)
+    accum = int(opts.get("accum", "1"))
     # Only a requested hook is registered: a Python hook would take torch's DDP off its C++ all-reduce path.
     if ddp is not None and "hook" in opts:
         half = 2 if opts["hook"] in ("fp16", "bf16", "torch-fp16", "torch-bf16") else None
@@ -120,6 +148,9 @@ def build(spec: str, model_name: str, seed: int = 0) -> Variant:
         wire[0] = 0
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
+        for _ in range(accum - 1):  # local micro-batches: gradients accumulate, nothing is sent
+            with ddp.no_sync():
+                loss_fn(net(inputs)).backward()
         out = net(inputs)
         t1 = time.perf_counter()
         loss_fn(out).backward()
@@ -133,7 +164,13 @@ def build(spec: str, model_name: str, seed: int = 0) -> Variant:
         t3 = time.perf_counter()
         opt.step()
         t4 = time.perf_counter()
-        return {"forward": t1 - t0, "backward": t2 - t1, "allreduce": t3 - t2, "optimizer": t4 - t3, "total": t4 - t0}
+        return {
+            "forward": t1 - t0,
+            "backward": t2 - t1,
+            "allreduce": t3 - t2,
+            "optimizer": t4 - t3,
+            "total": (t4 - t0) / accum,
+        }
 
     def memory() -> int:
         tensors = [p.grad for p in params]

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# The figures in README.md: every variant inside the same 2 processes, steps interleaved. Shaped links need root.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-.venv/bin/python}
+mkdir -p bench/results
+# Identical settings (same bucket cap, no extras), every zoo model, loopback and 1 Gbit/s.
+for model in mlp gpt cnn tiny; do
+  $PY -m bench --model "$model" --variants "local;torch;gradsync;gradsync:hook=noop" --steps 30 \
+      --out "bench/results/$model-loopback.json"
+  $PY -m bench --model "$model" --variants "local;allreduce;torch;gradsync" --steps 15 --link 1gbit \
+      --out "bench/results/$model-1gbit.json"
+done
+# What gradsync adds on the slow link: compression, no overlap (the paper's baseline), no_sync, memory, ZeRO,
+# and the cost of the debugging and monitoring options.
+$PY -m bench --model mlp --link 1gbit --steps 15 --out bench/results/mlp-1gbit-options.json --variants \
+  "torch;gradsync;gradsync:hook=bf16;gradsync:hook=fp16;gradsync:overlap=0;gradsync:accum=2;gradsync:accum=4;gradsync:accum=8;gradsync:view=1;gradsync:monitor=1;gradsync:debug=1;gradsync:opt=adam;gradsync:opt=adam,zero=1"
+$PY -m bench --model gpt --link 1gbit --steps 10 --out bench/results/gpt-1gbit-options.json --variants \
+  "torch;gradsync;gradsync:hook=bf16;gradsync:overlap=0"
+# Bucket size (the paper's bucket-size figure), on the slow link.
+$PY -m bench --model mlp --link 1gbit --steps 12 --out bench/results/mlp-1gbit-buckets.json --variants \
+  "torch;gradsync:cap=0.25;gradsync:cap=1;gradsync:cap=5;gradsync:cap=25;gradsync:cap=100"
