@@ -7,6 +7,8 @@ the store lets each survivor name the rank that failed and why (DESIGN.md: error
 
 from __future__ import annotations
 
+import time
+
 import torch.distributed as dist
 
 _PREFIX = "gradsync/error/"
@@ -30,11 +32,12 @@ def post_error(message: str) -> None:
         pass
 
 
-def peer_errors() -> dict[int, str]:
-    """The failures other ranks have posted so far, by global rank (empty if none or the store is unreachable)."""
+def peer_errors() -> dict[int, str] | None:
+    """The failures other ranks have posted so far, by global rank; None if the store cannot be reached (it lives
+    with rank 0, which may be the rank that died)."""
     store = _store()
     if store is None:
-        return {}
+        return None
     found: dict[int, str] = {}
     try:
         for rank in range(dist.get_world_size()):
@@ -42,11 +45,26 @@ def peer_errors() -> dict[int, str]:
             if rank != dist.get_rank() and store.check([key]):
                 found[rank] = store.get(key).decode(errors="replace")
     except Exception:
-        pass
+        return None
     return found
 
 
-def describe_peer_errors() -> str:
-    """A sentence to append to an error message, or '' when no peer has reported."""
+def describe_peer_errors(grace: float = 0.0) -> str:
+    """Lines to append to an error message: what the other ranks reported and, after waiting up to ``grace``
+    seconds for their reports, which ranks said nothing. Those never reached the failed collective (stuck before
+    it, or dead): usually the ones to look at."""
+    deadline = time.monotonic() + grace
     errors = peer_errors()
-    return "".join(f"\n  rank {rank} reported: {msg}" for rank, msg in sorted(errors.items()))
+    while errors is not None and len(errors) < dist.get_world_size() - 1 and time.monotonic() < deadline:
+        time.sleep(0.1)
+        errors = peer_errors()
+    if errors is None:
+        return "\n  (the other ranks' reports are unreachable: the store lives with rank 0)"
+    text = "".join(f"\n  rank {rank} reported: {msg}" for rank, msg in sorted(errors.items()))
+    silent = [r for r in range(dist.get_world_size()) if r != dist.get_rank() and r not in errors]
+    if grace and silent:
+        text += (
+            f"\n  rank(s) {silent} reported nothing within {grace:.0f}s: they never reached this collective "
+            "(stuck before it: a hang, slow data loading, an error swallowed elsewhere) or died."
+        )
+    return text

@@ -62,18 +62,18 @@ def test_dead_peer_fails_every_survivor_with_the_operation_named() -> None:
         assert "params: 1.bias, 1.weight, 0.bias, 0.weight" in failures[r].message
 
 
-def _peer_hangs(rank: int, world_size: int) -> float:
+def _peer_hangs(rank: int, world_size: int) -> tuple[float, str]:
     ddp = gradsync.DistributedDataParallel(nn.Linear(8, 1))
     loss = ddp(torch.randn(4, 8)).sum()
     if rank == 1:
         time.sleep(30)  # stuck (a deadlock, a stalled data loader) while rank 0 waits in the all-reduce
-        return 0.0
+        return 0.0, ""
     start = time.monotonic()
     try:
         loss.backward()
     except RuntimeError as exc:
         assert "all-reduce of bucket 0" in str(exc), exc
-        return time.monotonic() - start
+        return time.monotonic() - start, str(exc)
     raise AssertionError("rank 0 did not fail")
 
 
@@ -82,5 +82,7 @@ def test_hung_peer_times_out_instead_of_hanging() -> None:
     with pytest.raises(SpawnError) as info:
         spawn(_peer_hangs, timeout=12, pg_timeout=4)
     # Rank 0 gave up after the 4 s process-group timeout (and returned); rank 1 was still asleep at the deadline.
-    assert 3.5 <= info.value.results[0] <= 12
+    elapsed, message = info.value.results[0]
+    assert 3.5 <= elapsed <= 12
+    assert "rank(s) [1] reported nothing within 2s: they never reached this collective" in message  # who is late
     assert info.value.failures[1].kind == "Timeout"

@@ -1,4 +1,10 @@
-"""Communication hooks: what crosses the network for each bucket."""
+"""Communication hooks: what crosses the network for each bucket.
+
+PowerSGD (Vogels et al., NeurIPS 2019) is torch's own implementation, re-exported: it runs unchanged on gradsync's
+DDP and gives torch's DDP's results exactly (tests/test_comm_hooks.py), so gradsync does not write it again.
+"""
+
+from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import PowerSGDState, powerSGD_hook
 
 from gradsync.comm.compression import (
     bf16_compress_hook,
@@ -12,6 +18,8 @@ from gradsync.comm.local_sgd import PostLocalSGD, average_parameters
 
 __all__ = [
     "GradBucket",
+    "PowerSGDState",
+    "powerSGD_hook",
     "PostLocalSGD",
     "average_parameters",
     "allreduce_hook",

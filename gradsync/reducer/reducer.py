@@ -242,7 +242,7 @@ class Reducer:
             except Exception as exc:
                 message = f"all-reduce of {self.describe_bucket(k)} failed on rank {dist.get_rank()}: {exc}"
                 post_error(message)
-                raise RuntimeError(f"gradsync: {message}{describe_peer_errors()}") from exc
+                raise RuntimeError(f"gradsync: {message}{describe_peer_errors(grace=2.0)}") from exc
             if isinstance(result, list):  # the built-in all-reduce's future holds [tensor]
                 result = result[0]
             if result.data_ptr() != bucket.buffer.data_ptr():
