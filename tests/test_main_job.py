@@ -48,3 +48,26 @@ def test_trains_and_resumes(tmp_path: Path) -> None:
     assert "resumed from" in resumed.stdout and "epoch 1, step 30" in resumed.stdout
     assert "done: 69 steps" in resumed.stdout
     assert float(re.search(r"FINAL_ACCURACY (\S+)", resumed.stdout).group(1)) > 0.8
+
+
+@pytest.mark.timeout(180)
+def test_char_transformer_with_no_sync_accumulation_learns(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RANK", "WORLD_SIZE", "MASTER_"))}
+    cmd = [
+        sys.executable,
+        "-m",
+        "gradsync",
+        "run",
+        "--nproc-per-node",
+        "2",
+        "--standalone",
+        str(EXAMPLE.with_name("train_chars.py")),
+        "--steps",
+        "40",
+        "--accum",
+        "2",
+    ]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=150, env=env, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    found = re.search(r"FINAL_VAL_LOSS (\S+) UNIFORM (\S+)", proc.stdout)
+    assert float(found.group(1)) < 0.6 * float(found.group(2)), proc.stdout  # far better than guessing
