@@ -27,6 +27,13 @@ def _train(rank: int, world_size: int, trace: str) -> dict:
         opt.step()
     with torch.no_grad():
         ddp(torch.randn(2, 64))  # evaluation is not a step
+    scalars: dict[str, float] = {}
+
+    class Writer:  # what Monitor needs of torch.utils.tensorboard.SummaryWriter
+        def add_scalar(self, tag: str, value: float, step: int) -> None:
+            scalars[tag] = value
+
+    monitor.log_to_tensorboard(Writer(), global_step=5)
     monitor.export_chrome_trace(trace)
     monitor.print_summary()
     monitor.detach()
@@ -54,6 +61,10 @@ def test_events_trace_and_report(tmp_path: Path) -> None:
             assert sum(b.nbytes for b in s.buckets) == res["nbytes"]
             for b in s.buckets:
                 assert s.backward_start <= b.ready <= b.launch <= b.done <= s.comm_end
+        assert set(res["scalars"]) == {
+            f"gradsync/{k}" for k in ("forward", "backward", "exposed_comm", "optimizer", "total", "overlap", "bytes")
+        }
+        assert res["scalars"]["gradsync/bytes"] == res["nbytes"]
         b = res["breakdown"]
         assert b.total >= b.forward + b.backward + b.exposed_comm and 0.0 <= b.overlap <= 1.0
 
