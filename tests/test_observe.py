@@ -39,6 +39,7 @@ def _train(rank: int, world_size: int, trace: str) -> dict:
     monitor.detach()
     ddp(torch.randn(2, 64)).sum().backward()  # detached: not recorded
     return {
+        "scalars": scalars,
         "steps": monitor.steps,
         "nparams": len(list(model.parameters())),
         "nbytes": sum(p.numel() * 4 for p in model.parameters()),
