@@ -18,6 +18,7 @@ from torch.distributed.algorithms.join import Join, Joinable
 from gradsync import desync
 from gradsync.groups import resolve
 from gradsync.join import DDPJoinHook
+from gradsync.peer_errors import named_collective
 from gradsync.reducer.reducer import CommHook, Reducer
 from gradsync.reducer.unused import unused_parameter_indices
 from gradsync.replicas import broadcast_tensors, verify_same_parameters
@@ -133,7 +134,8 @@ class DistributedDataParallel(nn.Module, Joinable):
                 if self.reducer.check_desync:
                     step = self.reducer.synced_steps + 1
                     desync.check(self._process_group, desync.BROADCAST_BUFFERS, step, 0, self._buffers_to_sync[0])
-                broadcast_tensors(self._buffers_to_sync, self.process_group)
+                with named_collective(f"broadcast of {len(self._buffers_to_sync)} module buffers before forward"):
+                    broadcast_tensors(self._buffers_to_sync, self.process_group)
         if self.device_ids is not None:
             device = torch.device(self._params[0].device.type, self.device_ids[0])
             inputs, kwargs = map_tensors(lambda t: t.to(device, non_blocking=True), (inputs, kwargs))

@@ -7,7 +7,9 @@ the store lets each survivor name the rank that failed and why (DESIGN.md: error
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import Iterator
 
 import torch.distributed as dist
 
@@ -47,6 +49,20 @@ def peer_errors() -> dict[int, str] | None:
     except Exception:
         return None
     return found
+
+
+@contextlib.contextmanager
+def named_collective(what: str) -> Iterator[None]:
+    """Turn a backend failure inside the block into an error that names the operation, this rank, what the other
+    ranks reported and who never arrived; the message is posted for the others too."""
+    try:
+        yield
+    except Exception as exc:
+        if isinstance(exc, RuntimeError) and str(exc).startswith("gradsync:"):
+            raise  # already named (e.g. a desync report)
+        message = f"{what} failed on rank {dist.get_rank()}: {exc}"
+        post_error(message)
+        raise RuntimeError(f"gradsync: {message}{describe_peer_errors(grace=2.0)}") from exc
 
 
 def describe_peer_errors(grace: float = 0.0) -> str:

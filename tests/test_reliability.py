@@ -86,3 +86,20 @@ def test_hung_peer_times_out_instead_of_hanging() -> None:
     assert 3.5 <= elapsed <= 12
     assert "rank(s) [1] reported nothing within 2s: they never reached this collective" in message  # who is late
     assert info.value.failures[1].kind == "Timeout"
+
+
+def _peer_dies_before_forward(rank: int, world_size: int) -> None:
+    ddp = gradsync.DistributedDataParallel(build("bn"))  # BatchNorm: buffers are broadcast before each forward
+    for step in range(3):
+        ddp(torch.randn(4, 6)).sum().backward()
+        if rank == 1 and step == 1:  # after step 0 the next forward's first collective is the bucket rebuild
+            os._exit(1)
+
+
+@pytest.mark.timeout(60)
+def test_peer_death_during_buffer_broadcast_is_named() -> None:
+    with pytest.raises(SpawnError) as info:
+        spawn(_peer_dies_before_forward, timeout=50, pg_timeout=10)
+    message = info.value.failures[0].message
+    assert "broadcast of 6 module buffers before forward failed on rank 0" in message
+    assert "rank(s) [1] reported nothing" in message

@@ -19,7 +19,7 @@ import torch.distributed as dist
 from gradsync import desync
 from gradsync.comm.grad_bucket import GradBucket
 from gradsync.groups import rank0_global
-from gradsync.peer_errors import describe_peer_errors, post_error
+from gradsync.peer_errors import named_collective, post_error
 from gradsync.reducer.buckets import DEFAULT_BUCKET_CAP_MB, DEFAULT_FIRST_BUCKET_BYTES, MIB, Bucket, assign_buckets
 
 CommHook = Callable[[Any, GradBucket], torch.futures.Future]
@@ -114,7 +114,8 @@ class Reducer:
         order_t = torch.tensor(order, dtype=torch.int64, device=self.params[0].device)
         if self.check_desync:
             desync.check(self._process_group, desync.BROADCAST_REBUILD, self.synced_steps + 1, 0, order_t)
-        dist.broadcast(order_t, src=rank0_global(self._process_group), group=self._process_group)
+        with named_collective("broadcast of the rebuilt bucket order"):
+            dist.broadcast(order_t, src=rank0_global(self._process_group), group=self._process_group)
         self._build(order_t.tolist())
         self._rebuild_pending = False
         self.rebuilt = True
@@ -237,12 +238,8 @@ class Reducer:
             self._raise_not_ready()
         for k, fut in enumerate(self._futures):
             bucket = self.buckets[k]
-            try:
+            with named_collective(f"all-reduce of {self.describe_bucket(k)}"):
                 result = fut.wait()  # type: ignore[union-attr]
-            except Exception as exc:
-                message = f"all-reduce of {self.describe_bucket(k)} failed on rank {dist.get_rank()}: {exc}"
-                post_error(message)
-                raise RuntimeError(f"gradsync: {message}{describe_peer_errors(grace=2.0)}") from exc
             if isinstance(result, list):  # the built-in all-reduce's future holds [tensor]
                 result = result[0]
             if result.data_ptr() != bucket.buffer.data_ptr():
