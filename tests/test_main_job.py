@@ -13,24 +13,17 @@ import pytest
 EXAMPLE = Path(__file__).parents[1] / "examples" / "train_digits.py"
 
 
-def _run(tmp_path: Path, *extra: str) -> subprocess.CompletedProcess:
+def _launch(cwd: Path, script: Path, *script_args: str) -> subprocess.CompletedProcess:
+    """`gradsync run --nproc-per-node 2 script ...` in a clean environment; the run must succeed."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RANK", "WORLD_SIZE", "MASTER_"))}
-    cmd = [
-        sys.executable,
-        "-m",
-        "gradsync",
-        "run",
-        "--nproc-per-node",
-        "2",
-        "--standalone",
-        str(EXAMPLE),
-        "--out",
-        str(tmp_path / "ckpt"),
-        *extra,
-    ]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env, cwd=tmp_path)
+    cmd = [sys.executable, "-m", "gradsync", "run", "--nproc-per-node", "2", "--standalone", str(script), *script_args]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env, cwd=cwd)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     return proc
+
+
+def _run(tmp_path: Path, *extra: str) -> subprocess.CompletedProcess:
+    return _launch(tmp_path, EXAMPLE, "--out", str(tmp_path / "ckpt"), *extra)
 
 
 @pytest.mark.timeout(300)
@@ -52,22 +45,6 @@ def test_trains_and_resumes(tmp_path: Path) -> None:
 
 @pytest.mark.timeout(180)
 def test_char_transformer_with_no_sync_accumulation_learns(tmp_path: Path) -> None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("RANK", "WORLD_SIZE", "MASTER_"))}
-    cmd = [
-        sys.executable,
-        "-m",
-        "gradsync",
-        "run",
-        "--nproc-per-node",
-        "2",
-        "--standalone",
-        str(EXAMPLE.with_name("train_chars.py")),
-        "--steps",
-        "40",
-        "--accum",
-        "2",
-    ]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=150, env=env, cwd=tmp_path)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    proc = _launch(tmp_path, EXAMPLE.with_name("train_chars.py"), "--steps", "40", "--accum", "2")
     found = re.search(r"FINAL_VAL_LOSS (\S+) UNIFORM (\S+)", proc.stdout)
     assert float(found.group(1)) < 0.6 * float(found.group(2)), proc.stdout  # far better than guessing

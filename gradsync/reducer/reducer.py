@@ -20,6 +20,7 @@ from gradsync import desync
 from gradsync.comm.grad_bucket import GradBucket
 from gradsync.groups import rank0_global
 from gradsync.peer_errors import named_collective, post_error
+from gradsync.reducer import messages
 from gradsync.reducer.buckets import DEFAULT_BUCKET_CAP_MB, DEFAULT_FIRST_BUCKET_BYTES, MIB, Bucket, assign_buckets
 
 CommHook = Callable[[Any, GradBucket], torch.futures.Future]
@@ -158,11 +159,7 @@ class Reducer:
         if self._phase is _Phase.IDLE:
             return False
         if self._phase is _Phase.FINISHED:
-            raise RuntimeError(
-                f"gradsync: backward() reached parameter '{self.names[index]}' again after its gradients were "
-                "already averaged for this forward. Run forward() before each backward(), or wrap extra "
-                "backward passes in ddp.no_sync()."
-            )
+            raise RuntimeError(messages.backward_after_reduction(self.names[index]))
         self._phase = _Phase.REDUCING
         torch.autograd.Variable._execution_engine.queue_callback(self._finalize)
         if self.observer is not None:
@@ -173,11 +170,7 @@ class Reducer:
 
     def _mark_ready(self, i: int) -> None:
         if self._ready[i]:
-            raise RuntimeError(
-                f"gradsync: parameter '{self.names[i]}' became ready twice in one backward pass. This happens with "
-                "reentrant backward (checkpointing with use_reentrant=True) or a parameter reported unused that "
-                "still got a gradient; use use_reentrant=False, or static_graph=True."
-            )
+            raise RuntimeError(messages.ready_twice(self.names[i]))
         self._ready[i] = 1
         if self._record_order:
             self._ready_order.append(i)
@@ -283,20 +276,11 @@ class Reducer:
 
     # ----------------------------------------------------------------------------------------------- errors
     def describe_bucket(self, k: int) -> str:
-        bucket = self.buckets[k]
-        names = [self.names[i] for i in bucket.param_indices]
-        shown = ", ".join(names[:6]) + (f", ... ({len(names) - 6} more)" if len(names) > 6 else "")
-        return f"bucket {k} of {len(self.buckets)} ({bucket.nbytes / MIB:.2f} MiB, params: {shown})"
+        return messages.bucket_description(self.buckets[k], len(self.buckets), self.names)
 
     def _raise_not_ready(self) -> None:
         missing = [self.names[i] for i in range(len(self.params)) if not self._ready[i]]
-        message = (
-            f"rank {dist.get_rank()}: {len(missing)} parameter(s) received no gradient in this backward pass: "
-            f"{', '.join(missing[:20])}{' ...' if len(missing) > 20 else ''}. Their bucket could not be reduced. "
-            "If the model legitimately skips them (an unused head, a branch taken on some inputs only), pass "
-            "find_unused_parameters=True to DistributedDataParallel; otherwise make sure every forward output "
-            "that depends on them is part of the loss."
-        )
+        message = messages.no_gradient(dist.get_rank(), missing)
         post_error(message)
         raise RuntimeError(f"gradsync: {message}")
 
