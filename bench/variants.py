@@ -6,7 +6,7 @@ A variant spec is ``kind[:key=value,...]``: ``local`` (no communication), ``torc
 ``monitor`` (1: a gradsync.observe.Monitor attached), ``overlap`` (0: hold every bucket's all-reduce until the
 last bucket is ready, i.e. no overlap with backward), ``accum`` (k: k micro-batches per step, k-1 under no_sync;
 times are per micro-batch), ``opt`` (adam; default SGD with momentum), ``zero`` (1: gradsync.ShardedOptimizer
-around it), ``debug`` (1: GRADSYNC_DEBUG desync checks).
+around it), ``debug`` (1: GRADSYNC_DEBUG desync checks), ``bb`` (0: broadcast_buffers=False, torch or gradsync).
 """
 
 from __future__ import annotations
@@ -119,12 +119,17 @@ def build(spec: str, model_name: str, seed: int = 0) -> Variant:
     if kind == "local":
         net, ddp = module, None
     elif kind == "torch":
-        net = ddp = torch.nn.parallel.DistributedDataParallel(module, bucket_cap_mb=cap)
+        net = ddp = torch.nn.parallel.DistributedDataParallel(
+            module, bucket_cap_mb=cap, broadcast_buffers=opts.get("bb") != "0"
+        )
     elif kind == "gradsync":
         if opts.get("debug") == "1":
             os.environ["GRADSYNC_DEBUG"] = "1"
         net = ddp = gradsync.DistributedDataParallel(
-            module, bucket_cap_mb=cap, gradient_as_bucket_view=opts.get("view") == "1"
+            module,
+            bucket_cap_mb=cap,
+            gradient_as_bucket_view=opts.get("view") == "1",
+            broadcast_buffers=opts.get("bb") != "0",
         )
     elif kind == "allreduce":
         net, ddp = module, None

@@ -78,13 +78,24 @@ def _copy_back(members: list[torch.Tensor], flat: torch.Tensor) -> None:
 def broadcast_tensors(
     tensors: Sequence[torch.Tensor], process_group: dist.ProcessGroup | None, src: int | None = None
 ) -> None:
-    """Overwrite ``tensors`` in place with the values of global rank ``src`` (default: the group's rank 0), one
-    flat broadcast per dtype and device."""
+    """Overwrite ``tensors`` in place with the values of global rank ``src`` (default: the group's rank 0).
+
+    One broadcast per device whatever the dtypes: every tensor's bytes are packed into one ``uint8`` buffer. The
+    buffers broadcast before each forward mix float statistics and int64 counters, and on a slow link each extra
+    collective is a round trip.
+    """
     if not tensors:
         return
     src = rank0_global(process_group) if src is None else src
+    by_device: dict[torch.device, list[torch.Tensor]] = {}
+    for t in tensors:
+        by_device.setdefault(t.device, []).append(t)
     with torch.no_grad():
-        for members in _flat_groups(tensors):
-            flat = torch.cat([t.detach().reshape(-1) for t in members])
+        for members in by_device.values():
+            # Widest elements first: every offset is then a multiple of the next element size, so each piece can
+            # be viewed back as its dtype in place.
+            members.sort(key=lambda t: -t.element_size())
+            flat = torch.cat([t.detach().reshape(-1).view(torch.uint8) for t in members])
             dist.broadcast(flat, src=src, group=process_group)
-            _copy_back(members, flat)
+            pieces = flat.split([t.numel() * t.element_size() for t in members])
+            torch._foreach_copy_(members, [piece.view(t.dtype).view_as(t) for piece, t in zip(pieces, members)])
