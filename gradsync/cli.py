@@ -29,8 +29,15 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return report_main(rest)
     if command == "bench":
-        from bench.__main__ import main as bench_main
-
+        try:
+            from bench.__main__ import main as bench_main
+        except ImportError:
+            print(
+                "gradsync bench runs from a source checkout (bench/ is not installed): cd into the repository "
+                "and run `gradsync bench ...` or `python -m bench ...` there.",
+                file=sys.stderr,
+            )
+            return 2
         return bench_main(rest)
     print(f"gradsync: unknown command '{command}'\n\n{USAGE}", file=sys.stderr)
     return 2

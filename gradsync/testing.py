@@ -50,7 +50,7 @@ def _context() -> mp.context.BaseContext:
 
 
 def _rank_main(
-    fn: Callable, rank: int, world_size: int, port: int, pg_timeout: float, args: tuple, results: Any
+    fn: Callable, rank: int, world_size: int, port: int, pg_timeout: float, args: tuple, results: Any, backend: str
 ) -> None:
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     torch.set_num_threads(1)
@@ -58,8 +58,10 @@ def _rank_main(
         store = dist.TCPStore(
             "127.0.0.1", port, world_size + 1, is_master=False, timeout=datetime.timedelta(seconds=pg_timeout)
         )
+        if backend == "nccl":  # one GPU per rank, as NCCL requires
+            torch.cuda.set_device(rank % torch.cuda.device_count())
         dist.init_process_group(
-            "gloo", store=store, rank=rank, world_size=world_size, timeout=datetime.timedelta(seconds=pg_timeout)
+            backend, store=store, rank=rank, world_size=world_size, timeout=datetime.timedelta(seconds=pg_timeout)
         )
         out = fn(rank, world_size, *args)
         # Plain pickle: torch's queue reducer would share tensor memory that dies with this process.
@@ -80,8 +82,10 @@ def spawn(
     args: tuple = (),
     timeout: float = 120.0,
     pg_timeout: float = 30.0,
+    backend: str = "gloo",
 ) -> list[Any]:
-    """Call ``fn(rank, world_size, *args)`` in ``world_size`` processes joined in a gloo process group.
+    """Call ``fn(rank, world_size, *args)`` in ``world_size`` processes joined in a process group (gloo, or
+    ``backend="nccl"`` with one GPU per rank).
 
     Returns each rank's return value (they must pickle), in rank order. Raises :class:`SpawnError` if any rank
     raised, died, or was still running after ``timeout`` seconds. ``fn`` must be importable (module level).
@@ -104,7 +108,9 @@ def spawn(
     )
     results = ctx.Queue()
     procs = [
-        ctx.Process(target=_rank_main, args=(fn, r, world_size, store.port, pg_timeout, args, results), daemon=True)
+        ctx.Process(
+            target=_rank_main, args=(fn, r, world_size, store.port, pg_timeout, args, results, backend), daemon=True
+        )
         for r in range(world_size)
     ]
     for p in procs:
