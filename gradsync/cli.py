@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Sequence
 
@@ -29,6 +30,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return report_main(rest)
     if command == "bench":
+        if os.path.isfile(os.path.join("bench", "__main__.py")) and os.getcwd() not in sys.path:
+            sys.path.insert(0, os.getcwd())  # a console script does not put the current directory on sys.path
         try:
             from bench.__main__ import main as bench_main
         except ImportError:
