@@ -283,8 +283,3 @@ class Reducer:
         message = messages.no_gradient(dist.get_rank(), missing)
         post_error(message)
         raise RuntimeError(f"gradsync: {message}")
-
-    def remove_hooks(self) -> None:
-        for handle in self._handles:
-            handle.remove()
-        self._handles = []
