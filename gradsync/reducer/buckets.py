@@ -64,8 +64,12 @@ class Bucket:
 
     def __init__(self, index: int, param_indices: list[int], params: Sequence[torch.Tensor]) -> None:
         self.index = index
-        self.param_indices = param_indices
-        members = [params[i] for i in param_indices]
+        # Large gradients first, then all the small ones side by side at the end of the buffer, so the small ones
+        # are divided by a single kernel over one range (a per-tensor divide costs ~1.4 µs per tensor). Membership
+        # is what assign_buckets decided; only the order inside the bucket changes, identically on every rank.
+        large = [i for i in param_indices if params[i].numel() >= EAGER_COPY_NUMEL]
+        self.param_indices = large + [i for i in param_indices if params[i].numel() < EAGER_COPY_NUMEL]
+        members = [params[i] for i in self.param_indices]
         self.params = members
         total = sum(p.numel() for p in members)
         self.buffer = torch.zeros(total, dtype=members[0].dtype, device=members[0].device)
@@ -76,8 +80,9 @@ class Bucket:
             offset += p.numel()
         self.pending = len(param_indices)
         self.eager = [p.numel() >= EAGER_COPY_NUMEL for p in members]
-        self._small_params = [p for p, eager in zip(members, self.eager) if not eager]
-        self._small_views = [v for v, eager in zip(self.views, self.eager) if not eager]
+        self._small_params = members[len(large) :]
+        self._small_views = self.views[len(large) :]
+        self._small_region = self.buffer[sum(p.numel() for p in members[: len(large)]) :]
 
     @property
     def nbytes(self) -> int:
@@ -124,7 +129,7 @@ class Bucket:
                 else:
                     view.copy_(grad)
         if divisor:
-            torch._foreach_div_(self._small_views, divisor)
+            self._small_region.div_(divisor)
 
 
 def _move(grad: torch.Tensor, view: torch.Tensor, divisor: int | None) -> None:
