@@ -6,7 +6,8 @@ A variant spec is ``kind[:key=value,...]``: ``local`` (no communication), ``torc
 ``monitor`` (1: a gradsync.observe.Monitor attached), ``overlap`` (0: hold every bucket's all-reduce until the
 last bucket is ready, i.e. no overlap with backward), ``accum`` (k: k micro-batches per step, k-1 under no_sync;
 times are per micro-batch), ``opt`` (adam; default SGD with momentum), ``zero`` (1: gradsync.ShardedOptimizer
-around it), ``debug`` (1: GRADSYNC_DEBUG desync checks), ``bb`` (0: broadcast_buffers=False, torch or gradsync).
+around it), ``overlap_opt`` (1: gradsync.optim.OverlappedOptimizer, stepping each bucket as it arrives),
+``debug`` (1: GRADSYNC_DEBUG desync checks), ``bb`` (0: broadcast_buffers=False, torch or gradsync).
 """
 
 from __future__ import annotations
@@ -136,6 +137,8 @@ def build(spec: str, model_name: str, seed: int = 0) -> Variant:
         os.environ.pop("GRADSYNC_DEBUG", None)  # read at construction: the other variants stay unchecked
     else:
         raise ValueError(f"unknown variant kind '{kind}' in '{spec}'")
+    if kind == "gradsync" and opts.get("overlap_opt") == "1":
+        opt = gradsync.optim.OverlappedOptimizer(ddp, opt_class, **opt_kw)
     if kind == "gradsync" and opts.get("overlap") == "0":
         ddp.register_comm_hook(None, _no_overlap_hook())
     if kind == "gradsync" and opts.get("monitor") == "1":
@@ -186,6 +189,13 @@ def build(spec: str, model_name: str, seed: int = 0) -> Variant:
     def optimizer_state() -> int:
         if isinstance(opt, gradsync.ShardedOptimizer):
             return opt.local_state_bytes()
+        if isinstance(opt, gradsync.optim.OverlappedOptimizer):
+            return sum(
+                v.numel() * v.element_size()
+                for s in opt.state_dict()["state"].values()
+                for v in s.values()
+                if isinstance(v, torch.Tensor)
+            )
         return sum(
             v.numel() * v.element_size() for s in opt.state.values() for v in s.values() if isinstance(v, torch.Tensor)
         )

@@ -69,6 +69,9 @@ class Reducer:
         self.comm_hook: CommHook | None = None
         self.observer = None  # a gradsync.observe StepRecorder, fed only while one is attached
         self.grad_scale = 1.0  # applied to the averages (join with divide_by_initial_world_size=False)
+        # Called with each bucket as soon as its averages are in .grad, while later buckets may still be in flight
+        # (gradsync.optim.OverlappedOptimizer steps that bucket's parameters there).
+        self.bucket_reduced: Callable[[Bucket], None] | None = None
         self.iteration = 0  # synced backward passes completed
         self.synced_steps = 0  # synced forwards prepared (the step number desync fingerprints carry)
         self.check_desync = False  # GRADSYNC_DEBUG: compare fingerprints before each collective
@@ -237,6 +240,11 @@ class Reducer:
                 result = result[0]
             if result.data_ptr() != bucket.buffer.data_ptr():
                 bucket.buffer.copy_(result.view_as(bucket.buffer))
+            if self.bucket_reduced is not None:  # usage tracking is refused with it: no globally-used map here
+                if self.grad_scale != 1.0:
+                    bucket.buffer.mul_(self.grad_scale)
+                self._write_back(None, bucket.params, bucket.views, bucket.param_indices)
+                self.bucket_reduced(bucket)
         # Hold no finished futures or works past this point: gloo work objects that outlive the process group
         # are destroyed during interpreter teardown and abort the process ("terminate called ...").
         self._futures = []
@@ -245,25 +253,32 @@ class Reducer:
             self._used_work.wait()
             self._used_work = None
             globally_used = self._used_map.tolist()
-        if self.grad_scale != 1.0:
-            torch._foreach_mul_([b.buffer for b in self.buckets], self.grad_scale)
-        self._write_back(globally_used)
+        if self.bucket_reduced is None:
+            if self.grad_scale != 1.0:
+                torch._foreach_mul_([b.buffer for b in self.buckets], self.grad_scale)
+            self._write_back(globally_used, self._flat_params, self._flat_views, self._flat_indices)
         if self.observer is not None:
             self.observer.comm_end()
         self.iteration += 1
         if self._record_order:
             self._rebuild_pending = True
 
-    def _write_back(self, globally_used: list[int] | None) -> None:
-        grads = [p.grad for p in self._flat_params]
+    def _write_back(
+        self,
+        globally_used: list[int] | None,
+        params: list[torch.nn.Parameter],
+        views: list[torch.Tensor],
+        indices: list[int],
+    ) -> None:
+        grads = [p.grad for p in params]
         if globally_used is None and all(g is not None for g in grads):
             # The common case, one fused copy; with gradient_as_bucket_view every .grad already is its slot.
             if not self.gradient_as_bucket_view:
-                torch._foreach_copy_(grads, self._flat_views)
+                torch._foreach_copy_(grads, views)
             return
         targets: list[torch.Tensor] = []
         sources: list[torch.Tensor] = []
-        for param, grad, view, i in zip(self._flat_params, grads, self._flat_views, self._flat_indices):
+        for param, grad, view, i in zip(params, grads, views, indices):
             if globally_used is not None and not globally_used[i]:
                 continue  # torch leaves .grad untouched when no rank used the parameter
             if grad is None:

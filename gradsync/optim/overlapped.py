@@ -1,0 +1,80 @@
+"""OverlappedOptimizer: step each bucket's parameters as soon as that bucket's average arrives.
+
+After backward, plain DDP waits for the last all-reduce before ``optimizer.step()`` starts. Here the reducer hands
+over each bucket as its average lands in ``.grad``, and that bucket's parameters are stepped while later buckets
+are still on the wire. Each parameter has its own inner optimizer, so the result equals ``optimizer.step()``
+after backward for optimizers that update every parameter from its own gradient and state (SGD, Adam, AdamW,
+RMSprop...); not for those that look across parameters (LAMB's trust ratio over groups, global-norm clipping).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch.optim import Optimizer
+
+from gradsync.reducer.buckets import Bucket
+
+
+class OverlappedOptimizer(Optimizer):
+    """Attach to a DDP model; ``backward()`` then also steps the optimizer, and :meth:`step` does nothing.
+
+    Example::
+
+        opt = OverlappedOptimizer(ddp, torch.optim.AdamW, lr=1e-3)
+        sched = torch.optim.lr_scheduler.StepLR(opt, step_size=10)   # schedulers work on it as usual
+        for x, y in loader:
+            opt.zero_grad()
+            loss_fn(ddp(x), y).backward()   # each bucket's parameters are updated as its average arrives
+            opt.step()                      # nothing left to do; kept so training loops need no change
+            sched.step()
+    """
+
+    def __init__(self, ddp: Any, optimizer_class: type[Optimizer], **defaults: Any) -> None:
+        reducer = ddp.reducer
+        if reducer.tracks_usage:
+            raise ValueError(
+                "OverlappedOptimizer cannot be used with find_unused_parameters=True or static_graph=True: which "
+                "parameters were used anywhere is only known after the last bucket, too late to step early. Use a "
+                "plain optimizer there."
+            )
+        params = list(ddp.reducer.params)
+        super().__init__(params, defaults)
+        self._inner = {p: optimizer_class([p], **defaults) for p in params}
+        self._index = {p: i for i, p in enumerate(params)}
+        reducer.bucket_reduced = self._step_bucket
+
+    @torch.no_grad()
+    def _step_bucket(self, bucket: Bucket) -> None:
+        hyper = {k: v for k, v in self.param_groups[0].items() if k != "params"}
+        for p in bucket.params:
+            inner = self._inner[p]
+            inner.param_groups[0].update(hyper)  # learning-rate schedulers edit self.param_groups
+            inner.step()
+
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:
+        """Nothing to do: backward already stepped every bucket. Returns the closure's loss if one is given."""
+        if closure is not None:
+            with torch.enable_grad():
+                return closure()
+        return None
+
+    def state_dict(self) -> dict[str, Any]:
+        """The state as one ``optimizer_class`` over all parameters would give it."""
+        state = {}
+        for p, inner in self._inner.items():
+            own = inner.state_dict()["state"]
+            if 0 in own:
+                state[self._index[p]] = own[0]
+        group = {k: v for k, v in self.param_groups[0].items() if k != "params"}
+        return {"state": state, "param_groups": [{**group, "params": list(range(len(self._index)))}]}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        group = {k: v for k, v in state_dict["param_groups"][0].items() if k != "params"}
+        self.param_groups[0].update(group)
+        for p, inner in self._inner.items():
+            i = self._index[p]
+            own = {0: state_dict["state"][i]} if i in state_dict["state"] else {}
+            inner.load_state_dict({"state": own, "param_groups": [{**group, "params": [0]}]})

@@ -1,0 +1,66 @@
+"""OverlappedOptimizer: stepping each bucket as its average arrives gives exactly the parameters of stepping after
+backward, works with schedulers and accumulation, and its state dict is the plain optimizer's."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from ddp_cases import BATCH, batch
+from models import build
+from torch import nn
+
+import gradsync
+from gradsync.optim import OverlappedOptimizer
+from gradsync.testing import spawn
+
+KINDS = {"adam": (torch.optim.Adam, {"lr": 1e-2}), "sgd": (torch.optim.SGD, {"lr": 0.1, "momentum": 0.9})}
+
+
+def _train(rank: int, world_size: int, kind: str, overlapped: bool, view: bool) -> dict:
+    module = build("tied")  # tied and frozen parameters too
+    ddp = gradsync.DistributedDataParallel(module, bucket_cap_mb=0.0005, gradient_as_bucket_view=view)
+    cls, kw = KINDS[kind]
+    trainable = [p for p in module.parameters() if p.requires_grad]
+    opt = OverlappedOptimizer(ddp, cls, **kw) if overlapped else cls(trainable, **kw)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5)
+    for step in range(5):
+        opt.zero_grad()
+        for micro in range(2):  # accumulation: the first micro-batch under no_sync
+            x, y = batch(step, micro, world_size)
+            sl = slice(rank * BATCH, (rank + 1) * BATCH)
+            ctx = ddp.no_sync() if micro == 0 else torch.enable_grad()
+            with ctx:
+                nn.functional.mse_loss(ddp(x[sl]), y[sl]).backward()
+        opt.step()
+        sched.step()
+    return {"params": {k: v.clone() for k, v in module.named_parameters()}, "state": opt.state_dict()}
+
+
+def _both(rank: int, world_size: int, kind: str, view: bool) -> tuple[dict, dict]:
+    return _train(rank, world_size, kind, True, view), _train(rank, world_size, kind, False, view)
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("kind,view", [("adam", False), ("sgd", False), ("adam", True)])
+def test_same_parameters_and_state_as_stepping_after_backward(kind: str, view: bool) -> None:
+    for overlapped, plain in spawn(_both, args=(kind, view), timeout=80):
+        for k in plain["params"]:
+            assert torch.equal(overlapped["params"][k], plain["params"][k]), k
+        assert overlapped["state"]["param_groups"][0]["lr"] == plain["state"]["param_groups"][0]["lr"]
+        for i, s in plain["state"]["state"].items():
+            for name, value in s.items():
+                assert torch.equal(torch.as_tensor(overlapped["state"]["state"][i][name]), torch.as_tensor(value))
+
+
+def _refused(rank: int, world_size: int) -> str:
+    ddp = gradsync.DistributedDataParallel(build("mlp"), find_unused_parameters=True)
+    try:
+        OverlappedOptimizer(ddp, torch.optim.SGD, lr=0.1)
+    except ValueError as exc:
+        return str(exc)
+    return "no error"
+
+
+@pytest.mark.timeout(60)
+def test_refuses_find_unused_parameters_with_the_reason() -> None:
+    assert "cannot be used with find_unused_parameters=True" in spawn(_refused, timeout=50)[0]
