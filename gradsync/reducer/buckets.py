@@ -137,3 +137,33 @@ def _move(grad: torch.Tensor, view: torch.Tensor, divisor: int | None) -> None:
         torch.div(grad, divisor, out=view)
     else:
         view.copy_(grad)
+
+
+def write_back(
+    globally_used: list[int] | None,
+    params: list[torch.nn.Parameter],
+    views: list[torch.Tensor],
+    indices: list[int],
+    as_view: bool,
+) -> None:
+    """Put the averaged bucket values into ``.grad``: one fused copy in the common case. A parameter no rank used
+    (``globally_used[i] == 0``) keeps its ``.grad`` untouched, as in torch; one without a ``.grad`` gets the slot
+    (``as_view``, gradient_as_bucket_view) or a copy of it."""
+    grads = [p.grad for p in params]
+    if globally_used is None and all(g is not None for g in grads):
+        # The common case, one fused copy; with gradient_as_bucket_view every .grad already is its slot.
+        if not as_view:
+            torch._foreach_copy_(grads, views)
+        return
+    targets: list[torch.Tensor] = []
+    sources: list[torch.Tensor] = []
+    for param, grad, view, i in zip(params, grads, views, indices):
+        if globally_used is not None and not globally_used[i]:
+            continue  # torch leaves .grad untouched when no rank used the parameter
+        if grad is None:
+            param.grad = view if as_view else view.clone()
+        elif grad.data_ptr() != view.data_ptr():
+            targets.append(grad)
+            sources.append(view)
+    if targets:
+        torch._foreach_copy_(targets, sources)

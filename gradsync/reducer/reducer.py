@@ -21,7 +21,14 @@ from gradsync.comm.grad_bucket import GradBucket
 from gradsync.groups import rank0_global
 from gradsync.peer_errors import named_collective, post_error
 from gradsync.reducer import messages
-from gradsync.reducer.buckets import DEFAULT_BUCKET_CAP_MB, DEFAULT_FIRST_BUCKET_BYTES, MIB, Bucket, assign_buckets
+from gradsync.reducer.buckets import (
+    DEFAULT_BUCKET_CAP_MB,
+    DEFAULT_FIRST_BUCKET_BYTES,
+    MIB,
+    Bucket,
+    assign_buckets,
+    write_back,
+)
 
 CommHook = Callable[[Any, GradBucket], torch.futures.Future]
 
@@ -243,7 +250,7 @@ class Reducer:
             if self.bucket_reduced is not None:  # usage tracking is refused with it: no globally-used map here
                 if self.grad_scale != 1.0:
                     bucket.buffer.mul_(self.grad_scale)
-                self._write_back(None, bucket.params, bucket.views, bucket.param_indices)
+                write_back(None, bucket.params, bucket.views, bucket.param_indices, self.gradient_as_bucket_view)
                 self.bucket_reduced(bucket)
         # Hold no finished futures or works past this point: gloo work objects that outlive the process group
         # are destroyed during interpreter teardown and abort the process ("terminate called ...").
@@ -256,38 +263,14 @@ class Reducer:
         if self.bucket_reduced is None:
             if self.grad_scale != 1.0:
                 torch._foreach_mul_([b.buffer for b in self.buckets], self.grad_scale)
-            self._write_back(globally_used, self._flat_params, self._flat_views, self._flat_indices)
+            write_back(
+                globally_used, self._flat_params, self._flat_views, self._flat_indices, self.gradient_as_bucket_view
+            )
         if self.observer is not None:
             self.observer.comm_end()
         self.iteration += 1
         if self._record_order:
             self._rebuild_pending = True
-
-    def _write_back(
-        self,
-        globally_used: list[int] | None,
-        params: list[torch.nn.Parameter],
-        views: list[torch.Tensor],
-        indices: list[int],
-    ) -> None:
-        grads = [p.grad for p in params]
-        if globally_used is None and all(g is not None for g in grads):
-            # The common case, one fused copy; with gradient_as_bucket_view every .grad already is its slot.
-            if not self.gradient_as_bucket_view:
-                torch._foreach_copy_(grads, views)
-            return
-        targets: list[torch.Tensor] = []
-        sources: list[torch.Tensor] = []
-        for param, grad, view, i in zip(params, grads, views, indices):
-            if globally_used is not None and not globally_used[i]:
-                continue  # torch leaves .grad untouched when no rank used the parameter
-            if grad is None:
-                param.grad = view if self.gradient_as_bucket_view else view.clone()
-            elif grad.data_ptr() != view.data_ptr():
-                targets.append(grad)
-                sources.append(view)
-        if targets:
-            torch._foreach_copy_(targets, sources)
 
     # ----------------------------------------------------------------------------------------------- errors
     def describe_bucket(self, k: int) -> str:
