@@ -115,7 +115,7 @@ def build(spec: str, model_name: str, seed: int = 0) -> Variant:
     else:
         opt = opt_class(params, **opt_kw)
     wire = [0]
-    cap = float(opts["cap"]) if "cap" in opts else None
+    cap = (opts["cap"] if opts["cap"] == "auto" else float(opts["cap"])) if "cap" in opts else None
 
     if kind == "local":
         net, ddp = module, None

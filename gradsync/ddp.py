@@ -55,7 +55,7 @@ class DistributedDataParallel(nn.Module, Joinable):
         broadcast_buffers: bool = True,
         init_sync: bool = True,
         process_group: dist.ProcessGroup | None = None,
-        bucket_cap_mb: float | None = None,
+        bucket_cap_mb: float | str | None = None,
         find_unused_parameters: bool = False,
         check_reduction: bool = False,
         gradient_as_bucket_view: bool = False,

@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from gradsync.reducer.buckets import Bucket, assign_buckets
+from gradsync.reducer.buckets import Bucket, assign_buckets, size_limits
 
 
 def _random_tensors(rng: random.Random, n: int) -> list[torch.Tensor]:
@@ -65,3 +65,18 @@ def test_bucket_views_tile_the_buffer() -> None:
     bucket.views[1].fill_(2.0)
     assert bucket.buffer.tolist() == [1.0] * 4 + [2.0] * 12
     assert bucket.pending == 2
+
+
+def test_size_limits_default_explicit_and_auto() -> None:
+    mib = 1 << 20
+    assert size_limits(None, []) == [mib, 25 * mib]  # torch's default: small first bucket
+    assert size_limits(4, []) == [4 * mib, 4 * mib]  # an explicit cap applies to the first bucket too, as in torch
+    small = [torch.empty(1000)]  # 4 KB of gradients: the 1 MiB floor
+    big = [torch.empty(200 * mib // 4)]  # 200 MiB of gradients: the 25 MiB ceiling
+    mid = [torch.empty(12 * mib // 4)]  # 12 MiB: a quarter of it
+    assert size_limits("auto", small) == [mib, mib]
+    assert size_limits("auto", big) == [mib, 25 * mib]
+    assert size_limits("auto", mid) == [mib, 3 * mib]
+    for bad in (0, -1, "fast"):
+        with pytest.raises(ValueError, match="bucket_cap_mb must be > 0"):
+            size_limits(bad, [])

@@ -21,14 +21,7 @@ from gradsync.comm.grad_bucket import GradBucket
 from gradsync.groups import rank0_global
 from gradsync.peer_errors import named_collective, post_error
 from gradsync.reducer import messages
-from gradsync.reducer.buckets import (
-    DEFAULT_BUCKET_CAP_MB,
-    DEFAULT_FIRST_BUCKET_BYTES,
-    MIB,
-    Bucket,
-    assign_buckets,
-    write_back,
-)
+from gradsync.reducer.buckets import Bucket, assign_buckets, size_limits, write_back
 
 CommHook = Callable[[Any, GradBucket], torch.futures.Future]
 
@@ -52,21 +45,16 @@ class Reducer:
         params: Sequence[torch.nn.Parameter],
         names: Sequence[str],
         process_group: dist.ProcessGroup | None,
-        bucket_cap_mb: float | None = None,
+        bucket_cap_mb: float | str | None = None,
         gradient_as_bucket_view: bool = False,
         find_unused_parameters: bool = False,
         static_graph: bool = False,
     ) -> None:
-        if bucket_cap_mb is not None and not bucket_cap_mb > 0:
-            raise ValueError(f"bucket_cap_mb must be > 0 (MiB per bucket), got {bucket_cap_mb!r}")
         self.params = list(params)
         self.names = list(names)
         self._process_group = process_group  # None: the default group, looked up at each use
         self.gradient_as_bucket_view = gradient_as_bucket_view
-        cap_bytes = int((bucket_cap_mb if bucket_cap_mb is not None else DEFAULT_BUCKET_CAP_MB) * MIB)
-        # torch shrinks the first bucket only when the user kept the default cap.
-        first_bytes = min(DEFAULT_FIRST_BUCKET_BYTES, cap_bytes) if bucket_cap_mb is None else cap_bytes
-        self.size_limits = [max(first_bytes, 1), max(cap_bytes, 1)]
+        self.size_limits = size_limits(bucket_cap_mb, self.params)
         # Usage is tracked (and globally unused parameters left untouched) as torch does for these two modes.
         self.tracks_usage = find_unused_parameters or static_graph
         # With a dynamic graph the ready order changes between iterations, so torch never rebuilds then.
