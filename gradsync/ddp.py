@@ -30,9 +30,10 @@ _UNSUPPORTED = ("delay_all_reduce_named_params", "param_to_hook_all_reduce", "mi
 class DistributedDataParallel(nn.Module, Joinable):
     """Data parallelism: each process holds a replica of ``module``; gradients are averaged during backward.
 
-    Arguments mean what they mean for torch's DDP. After ``loss.backward()`` returns, every parameter's ``.grad``
-    holds the average over the process group, so ``optimizer.step()`` keeps all replicas identical and training
-    equals one process training on all ranks' batches at once.
+    Arguments mean what they mean for torch's DDP; ``bucket_cap_mb="auto"`` additionally sizes the buckets from
+    the model (see :func:`gradsync.reducer.buckets.size_limits`). After ``loss.backward()`` returns, every
+    parameter's ``.grad`` holds the average over the process group, so ``optimizer.step()`` keeps all replicas
+    identical and training equals one process training on all ranks' batches at once.
 
     Example::
 
