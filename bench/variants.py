@@ -23,6 +23,7 @@ from torch import nn
 
 import gradsync
 from bench.zoo import make
+from gradsync.optim.sharded import state_bytes
 
 
 @dataclasses.dataclass
@@ -187,18 +188,9 @@ def build(spec: str, model_name: str, seed: int = 0) -> Variant:
         return _storage_bytes(tensors)
 
     def optimizer_state() -> int:
-        if isinstance(opt, gradsync.ShardedOptimizer):
+        if isinstance(opt, (gradsync.ShardedOptimizer, gradsync.optim.OverlappedOptimizer)):
             return opt.local_state_bytes()
-        if isinstance(opt, gradsync.optim.OverlappedOptimizer):
-            return sum(
-                v.numel() * v.element_size()
-                for s in opt.state_dict()["state"].values()
-                for v in s.values()
-                if isinstance(v, torch.Tensor)
-            )
-        return sum(
-            v.numel() * v.element_size() for s in opt.state.values() for v in s.values() if isinstance(v, torch.Tensor)
-        )
+        return state_bytes(opt.state.values())
 
     wire_bytes = (lambda: grad_bytes) if uncompressed else (lambda: wire[0])
     return Variant(spec, module, step, grad_bytes, wire_bytes, memory, optimizer_state)

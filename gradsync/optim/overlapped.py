@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from torch.optim import Optimizer
 
+from gradsync.optim.sharded import state_bytes
 from gradsync.reducer.buckets import Bucket
 
 
@@ -60,6 +61,10 @@ class OverlappedOptimizer(Optimizer):
             with torch.enable_grad():
                 return closure()
         return None
+
+    def local_state_bytes(self) -> int:
+        """Bytes of optimizer state held on this rank (all of it: nothing is sharded)."""
+        return state_bytes(s for inner in self._inner.values() for s in inner.state.values())
 
     def state_dict(self) -> dict[str, Any]:
         """The state as one ``optimizer_class`` over all parameters would give it."""

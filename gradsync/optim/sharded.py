@@ -19,6 +19,11 @@ from gradsync.groups import resolve
 from gradsync.replicas import broadcast_tensors
 
 
+def state_bytes(states: Iterable[dict[str, Any]]) -> int:
+    """Bytes of the tensors in optimizer per-parameter states (``optimizer.state.values()``)."""
+    return sum(v.numel() * v.element_size() for s in states for v in s.values() if isinstance(v, torch.Tensor))
+
+
 def partition(sizes: list[int], world_size: int) -> list[int]:
     """Owner rank of each tensor: largest first, each to the rank holding the fewest elements so far (torch's rule).
 
@@ -96,14 +101,7 @@ class ShardedOptimizer(Optimizer):
 
     def local_state_bytes(self) -> int:
         """Bytes of optimizer state held on this rank."""
-        if self.local is None:
-            return 0
-        return sum(
-            v.numel() * v.element_size()
-            for s in self.local.state.values()
-            for v in s.values()
-            if isinstance(v, torch.Tensor)
-        )
+        return state_bytes(self.local.state.values()) if self.local is not None else 0
 
     def consolidate_state_dict(self, to: int = 0) -> None:
         """Collect every rank's shard of the state on rank ``to`` (a collective: call it on every rank)."""
