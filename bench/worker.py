@@ -82,6 +82,7 @@ def summarize(args, variants, times) -> dict:
             "wire_bytes": v.wire_bytes(),
             "grad_storage_bytes": v.memory(),
             "optimizer_state_bytes": v.optimizer_state(),
+            "bucket_tuning": v.tuning(),
         }
         for key in ("forward", "backward", "allreduce", "optimizer"):
             entry[f"{key}_ms"] = _median([s[key] for s in times[v.spec]]) * 1e3

@@ -16,12 +16,12 @@ from gradsync.testing import spawn
 STEPS = {0: 3, 1: 5}
 
 
-def _join(rank: int, world_size: int, divide_by_initial: bool, with_bn: bool) -> dict:
+def _join(rank: int, world_size: int, divide_by_initial: bool, with_bn: bool, steps=STEPS, cap=0.0005) -> dict:
     module = build("bn" if with_bn else "mlp")
-    ddp = gradsync.DistributedDataParallel(module, bucket_cap_mb=0.0005)
+    ddp = gradsync.DistributedDataParallel(module, bucket_cap_mb=cap)
     opt = torch.optim.SGD(module.parameters(), lr=0.1)
     with ddp.join(divide_by_initial_world_size=divide_by_initial):
-        for step in range(STEPS[rank]):
+        for step in range(steps[rank]):
             x, y = batch(step, 0, world_size)
             sl = slice(rank * BATCH, (rank + 1) * BATCH)
             opt.zero_grad()
@@ -30,11 +30,11 @@ def _join(rank: int, world_size: int, divide_by_initial: bool, with_bn: bool) ->
     return {k: v.clone() for k, v in module.named_parameters()}
 
 
-def _join_reference(world_size: int, divide_by_initial: bool) -> dict:
+def _join_reference(world_size: int, divide_by_initial: bool, steps=STEPS) -> dict:
     module = build("mlp")
     opt = torch.optim.SGD(module.parameters(), lr=0.1)
-    for step in range(max(STEPS.values())):
-        active = [r for r in range(world_size) if STEPS[r] > step]
+    for step in range(max(steps.values())):
+        active = [r for r in range(world_size) if steps[r] > step]
         x, y = batch(step, 0, world_size)
         losses = [
             nn.functional.mse_loss(module(x[r * BATCH : (r + 1) * BATCH]), y[r * BATCH : (r + 1) * BATCH])
@@ -53,6 +53,18 @@ def test_join_with_uneven_inputs_matches_reference(divide_by_initial: bool) -> N
     ref = _join_reference(2, divide_by_initial)
     for k in ref:
         assert torch.equal(r0[k], r1[k]), k  # everyone ends with the last joiner's model
+        assert (r0[k] - ref[k]).abs().max() <= 1e-5, k
+
+
+@pytest.mark.timeout(90)
+def test_join_right_after_iteration_one_shadows_the_rebuild_and_bucket_tuning() -> None:
+    # Rank 0 joins after one batch: the rebuild, the tuner's link probe and the plan broadcast happen at rank 1's
+    # second forward, so rank 0's join hook must take part in each of them.
+    steps = {0: 1, 1: 3}
+    r0, r1 = spawn(_join, args=(True, False, steps, "auto"), timeout=80, pg_timeout=20)
+    ref = _join_reference(2, True, steps)
+    for k in ref:
+        assert torch.equal(r0[k], r1[k]), k
         assert (r0[k] - ref[k]).abs().max() <= 1e-5, k
 
 

@@ -10,6 +10,8 @@ at the end of backward and writes the averages back, so ``.grad`` is final when 
 from __future__ import annotations
 
 import enum
+import logging
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -20,9 +22,10 @@ from gradsync import desync
 from gradsync.comm.grad_bucket import GradBucket
 from gradsync.groups import rank0_global
 from gradsync.peer_errors import named_collective, post_error
-from gradsync.reducer import messages
+from gradsync.reducer import autotune, messages
 from gradsync.reducer.buckets import Bucket, assign_buckets, size_limits, write_back
 
+log = logging.getLogger("gradsync")
 CommHook = Callable[[Any, GradBucket], torch.futures.Future]
 
 
@@ -45,7 +48,7 @@ class Reducer:
         params: Sequence[torch.nn.Parameter],
         names: Sequence[str],
         process_group: dist.ProcessGroup | None,
-        bucket_cap_mb: float | str | None = None,
+        bucket_cap_mb: float | str | Sequence[float] | None = None,
         gradient_as_bucket_view: bool = False,
         find_unused_parameters: bool = False,
         static_graph: bool = False,
@@ -54,7 +57,9 @@ class Reducer:
         self.names = list(names)
         self._process_group = process_group  # None: the default group, looked up at each use
         self.gradient_as_bucket_view = gradient_as_bucket_view
-        self.size_limits = size_limits(bucket_cap_mb, self.params)
+        self.size_limits = size_limits(bucket_cap_mb)
+        self.tune_buckets = autotune.tuning_enabled(bucket_cap_mb)
+        self.tuning: autotune.BucketTuning | None = None  # the tuner's decision, once made
         # Usage is tracked (and globally unused parameters left untouched) as torch does for these two modes.
         self.tracks_usage = find_unused_parameters or static_graph
         # With a dynamic graph the ready order changes between iterations, so torch never rebuilds then.
@@ -73,6 +78,8 @@ class Reducer:
         self.rebuilt = False
         self._rebuild_pending = False
         self._ready_order: list[int] = []
+        self._ready_times: list[float] = []  # perf_counter() of each _ready_order entry (the tuner's timeline)
+        self._backward_start = 0.0
         self._phase = _Phase.IDLE
         self._build(list(reversed(range(len(self.params)))))
         self._handles = [p.register_post_accumulate_grad_hook(self._make_hook(i)) for i, p in enumerate(self.params)]
@@ -105,20 +112,36 @@ class Reducer:
         Gradients become ready in execution order, not registration order; bucketing in that order lets each
         bucket launch as early as possible (Li et al., section 3.2.3). Every rank must build identical buckets or
         their collectives would not match, hence the broadcast. Called at a forward, when all ranks are in step.
+        With tuning on, the bucket caps are chosen here too, from iteration 1's timeline (:mod:`.autotune`).
         """
         if not self._rebuild_pending:
             return False
         seen = set(self._ready_order)
         order = self._ready_order + [i for i in reversed(range(len(self.params))) if i not in seen]
-        order_t = torch.tensor(order, dtype=torch.int64, device=self.params[0].device)
+        device = self.params[0].device
+        plan = torch.tensor(order + self.size_limits, dtype=torch.int64, device=device)
         if self.check_desync:
-            desync.check(self._process_group, desync.BROADCAST_REBUILD, self.synced_steps + 1, 0, order_t)
+            desync.check(self._process_group, desync.BROADCAST_REBUILD, self.synced_steps + 1, 0, plan)
+        if self.tune_buckets:
+            plan = self._tune(order, device)
         with named_collective("broadcast of the rebuilt bucket order"):
-            dist.broadcast(order_t, src=rank0_global(self._process_group), group=self._process_group)
-        self._build(order_t.tolist())
+            dist.broadcast(plan, src=rank0_global(self._process_group), group=self._process_group)
+        values = plan.tolist()
+        self.size_limits = values[len(order) :]
+        self._build(values[: len(order)])
         self._rebuild_pending = False
         self.rebuilt = True
         return True
+
+    def _tune(self, order: list[int], device: torch.device) -> torch.Tensor:
+        """Probe the link (every rank) and choose the caps (rank 0, whose plan the broadcast then carries)."""
+        with named_collective("link probe of the bucket-size tuner"):
+            link = autotune.probe_link(self._process_group, device, sum(b.nbytes for b in self.buckets))
+        ready_s = autotune.ready_seconds(len(self.params), self._ready_order, self._ready_times, self._backward_start)
+        self.tuning = autotune.choose_size_limits(self.params, order, ready_s, self.size_limits, link)
+        if dist.get_rank(self._process_group) == 0:
+            log.info("gradsync: %s", self.tuning.describe())
+        return torch.tensor(order + self.tuning.size_limits, dtype=torch.int64, device=device)
 
     # ----------------------------------------------------------------------------------------------- per step
     def prepare_for_backward(self, unused: Sequence[int] = ()) -> None:
@@ -159,6 +182,7 @@ class Reducer:
         if self._phase is _Phase.FINISHED:
             raise RuntimeError(messages.backward_after_reduction(self.names[index]))
         self._phase = _Phase.REDUCING
+        self._backward_start = time.perf_counter()
         torch.autograd.Variable._execution_engine.queue_callback(self._finalize)
         if self.observer is not None:
             self.observer.backward_start(self.buckets)
@@ -172,6 +196,7 @@ class Reducer:
         self._ready[i] = 1
         if self._record_order:
             self._ready_order.append(i)
+            self._ready_times.append(time.perf_counter())
         bucket = self._bucket_of[i]
         slot = self._slot_of[i]
         if self.gradient_as_bucket_view:

@@ -1,0 +1,128 @@
+"""The bucket-size tuner: its cost model by hand, its choices on made-up timelines, and on real ranks that every
+rank builds rank 0's buckets and the averages stay exact."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch import nn
+
+import gradsync
+from gradsync.reducer import autotune
+from gradsync.reducer.autotune import LinkCost, choose_size_limits, predict_finish, ready_seconds
+from gradsync.reducer.buckets import MIB
+from gradsync.testing import spawn
+
+DEFAULT = [MIB, 25 * MIB]
+
+
+def _grads(mib_each: float, n: int) -> list[torch.Tensor]:
+    return [torch.empty(int(mib_each * MIB) // 4) for _ in range(n)]
+
+
+def test_predict_finish_by_hand() -> None:
+    params = _grads(1, 3)  # 1 MiB each, ready at 1, 2 and 3 s, on a link doing 1 MiB/s with 0.5 s latency
+    link = LinkCost(latency_s=0.5, bytes_per_s=MIB)
+    ready = [1.0, 2.0, 3.0]
+    # One bucket each: launched at 1, 2, 3; each takes 1.5 s, so the link is the bottleneck: 2.5, 4.0, 5.5.
+    assert predict_finish(params, [0, 1, 2], ready, [MIB, MIB], link) == pytest.approx(5.5)
+    # All in one bucket: launched at 3, 3 MiB take 3.5 s.
+    assert predict_finish(params, [0, 1, 2], ready, [3 * MIB, 3 * MIB], link) == pytest.approx(6.5)
+    # Nothing to send after backward ends: the finish is the last gradient's ready time.
+    assert predict_finish(params, [0, 1, 2], ready, [MIB, MIB], LinkCost(0.0, 1e30)) == pytest.approx(3.0)
+
+
+def test_slow_link_and_late_single_bucket_chooses_smaller_buckets() -> None:
+    # The GPT benchmark's shape: 12 MiB of gradients ready evenly over 0.6 s of backward; with torch's caps all
+    # but the first MiB wait for the end of backward.
+    params = _grads(0.5, 24)
+    ready = [0.025 * (k + 1) for k in range(24)]
+    link = LinkCost(latency_s=2e-4, bytes_per_s=110e6)  # ~1 Gbit/s
+    tuning = choose_size_limits(params, list(range(24)), ready, DEFAULT, link)
+    assert tuning.size_limits != DEFAULT
+    assert tuning.size_limits[1] <= 4 * MIB
+    assert min(tuning.predicted_s.values()) < 0.9 * tuning.default_s
+    assert "MiB" in tuning.describe() and "MB/s" in tuning.describe()
+
+
+def test_fast_link_keeps_torchs_default() -> None:
+    params = _grads(0.5, 24)
+    ready = [0.025 * (k + 1) for k in range(24)]
+    link = LinkCost(latency_s=5e-5, bytes_per_s=20e9)  # communication is nearly free: nothing to gain
+    tuning = choose_size_limits(params, list(range(24)), ready, DEFAULT, link)
+    assert tuning.size_limits == DEFAULT
+
+
+def test_latency_bound_link_keeps_large_buckets() -> None:
+    # Many small gradients and an expensive launch: small buckets would pay the latency over and over.
+    params = _grads(0.01, 400)
+    ready = [1e-4 * (k + 1) for k in range(400)]
+    link = LinkCost(latency_s=5e-3, bytes_per_s=10e9)
+    tuning = choose_size_limits(params, list(range(400)), ready, DEFAULT, link)
+    assert tuning.size_limits == DEFAULT
+
+
+def test_ready_seconds_fills_never_ready_with_the_end() -> None:
+    assert ready_seconds(3, [2, 0], [10.5, 11.0], 10.0) == [1.0, 1.0, 0.5]
+    assert ready_seconds(2, [], [], 10.0) == [0.0, 0.0]
+
+
+def test_tuning_enabled(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert autotune.tuning_enabled(None) and autotune.tuning_enabled("auto")
+    assert not autotune.tuning_enabled(25)
+    monkeypatch.setenv("GRADSYNC_BUCKET_TUNING", "0")
+    assert not autotune.tuning_enabled(None) and autotune.tuning_enabled("auto")
+
+
+STEPS = 4
+
+
+def _model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(*[nn.Linear(64, 64) for _ in range(8)])  # 8 x 16.6 KB of gradients
+
+
+def _data(step: int, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(100 * step + rank)
+    return torch.randn(4, 64, generator=g), torch.randn(4, 64, generator=g)
+
+
+def _tuned(rank: int, world_size: int) -> dict:
+    # Each rank would decide differently (rank 0: 16 KiB buckets, rank 1: keep the default); rank 0's plan wins.
+    if rank == 0:
+        autotune.CANDIDATE_CAPS_MB = (1 / 64,)
+        autotune.MIN_GAIN = -1e9  # always switch
+    else:
+        autotune.MIN_GAIN = 2.0  # never switch
+    model = _model()
+    ddp = gradsync.DistributedDataParallel(model)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    for step in range(STEPS):
+        x, y = _data(step, rank)
+        opt.zero_grad()
+        nn.functional.mse_loss(ddp(x), y).backward()
+        opt.step()
+    layouts = [None] * world_size
+    dist.all_gather_object(layouts, [b.param_indices for b in ddp.reducer.buckets])
+    return {"layouts": layouts, "state": {k: v.clone() for k, v in model.state_dict().items()}}
+
+
+@pytest.mark.timeout(90)
+def test_ranks_build_rank0s_tuned_buckets_and_stay_exact() -> None:
+    results = spawn(_tuned, timeout=80)
+    layouts = results[0]["layouts"]
+    assert layouts[0] == layouts[1]
+    assert len(layouts[0]) == 8  # 16 KiB buckets: one layer (bias + weight) each, rank 0's choice
+    reference = _model()
+    opt = torch.optim.SGD(reference.parameters(), lr=0.1)
+    for step in range(STEPS):
+        batches = [_data(step, r) for r in range(2)]
+        x = torch.cat([b[0] for b in batches])
+        y = torch.cat([b[1] for b in batches])
+        opt.zero_grad()
+        nn.functional.mse_loss(reference(x), y).backward()
+        opt.step()
+    for result in results:
+        for name, value in reference.state_dict().items():
+            torch.testing.assert_close(result["state"][name], value, rtol=0, atol=1e-5)
