@@ -7,7 +7,8 @@ A variant spec is ``kind[:key=value,...]``: ``local`` (no communication), ``torc
 last bucket is ready, i.e. no overlap with backward), ``accum`` (k: k micro-batches per step, k-1 under no_sync;
 times are per micro-batch), ``opt`` (adam; default SGD with momentum), ``zero`` (1: gradsync.ShardedOptimizer
 around it), ``overlap_opt`` (1: gradsync.optim.OverlappedOptimizer, stepping each bucket as it arrives),
-``debug`` (1: GRADSYNC_DEBUG desync checks), ``bb`` (0: broadcast_buffers=False, torch or gradsync).
+``debug`` (1: GRADSYNC_DEBUG desync checks), ``bb`` (0: forward_sync_buffers=False, torch or gradsync), ``tune``
+(0: torch's fixed default buckets, GRADSYNC_BUCKET_TUNING=0, when no cap is given).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ class Variant:
     wire_bytes: Callable[[], int]  # bytes all-reduced in the last step, as the hooks saw them
     memory: Callable[[], int]  # bytes of gradient storage (grads + buckets) after a step
     optimizer_state: Callable[[], int]  # bytes of optimizer state on this rank
+    tuning: Callable[[], str | None]  # the bucket tuner's decision, if it made one
 
 
 def parse(spec: str) -> tuple[str, dict[str, str]]:
@@ -118,21 +120,22 @@ def build(spec: str, model_name: str, seed: int = 0) -> Variant:
     wire = [0]
     cap = (opts["cap"] if opts["cap"] == "auto" else float(opts["cap"])) if "cap" in opts else None
 
+    buffer_kw = {"forward_sync_buffers": opts["bb"] != "0"} if "bb" in opts else {}  # torch >= 2.13's name
     if kind == "local":
         net, ddp = module, None
     elif kind == "torch":
-        net = ddp = torch.nn.parallel.DistributedDataParallel(
-            module, bucket_cap_mb=cap, broadcast_buffers=opts.get("bb") != "0"
-        )
+        net = ddp = torch.nn.parallel.DistributedDataParallel(module, bucket_cap_mb=cap, **buffer_kw)
     elif kind == "gradsync":
         if opts.get("debug") == "1":
             os.environ["GRADSYNC_DEBUG"] = "1"
+        os.environ["GRADSYNC_BUCKET_TUNING"] = opts.get("tune", "1")  # read at construction
         net = ddp = gradsync.DistributedDataParallel(
             module,
             bucket_cap_mb=cap,
             gradient_as_bucket_view=opts.get("view") == "1",
-            broadcast_buffers=opts.get("bb") != "0",
+            **buffer_kw,
         )
+        del os.environ["GRADSYNC_BUCKET_TUNING"]
     elif kind == "allreduce":
         net, ddp = module, None
         os.environ.pop("GRADSYNC_DEBUG", None)  # read at construction: the other variants stay unchecked
@@ -193,4 +196,9 @@ def build(spec: str, model_name: str, seed: int = 0) -> Variant:
         return state_bytes(opt.state.values())
 
     wire_bytes = (lambda: grad_bytes) if uncompressed else (lambda: wire[0])
-    return Variant(spec, module, step, grad_bytes, wire_bytes, memory, optimizer_state)
+
+    def tuning() -> str | None:
+        decision = getattr(getattr(ddp, "reducer", None), "tuning", None)
+        return decision.describe() if decision is not None else None
+
+    return Variant(spec, module, step, grad_bytes, wire_bytes, memory, optimizer_state, tuning)

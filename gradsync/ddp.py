@@ -24,14 +24,25 @@ from gradsync.reducer.unused import unused_parameter_indices
 from gradsync.replicas import broadcast_tensors, verify_same_parameters
 from gradsync.tree import iter_tensors, map_tensors
 
-_UNSUPPORTED = ("delay_all_reduce_named_params", "param_to_hook_all_reduce", "mixed_precision", "device_mesh")
+# torch arguments gradsync accepts only at their defaults (None / False).
+_UNSUPPORTED = (
+    "delay_all_reduce_named_params",
+    "param_to_hook_all_reduce",
+    "mixed_precision",
+    "device_mesh",
+    "skip_all_reduce_unused_params",
+)
 
 
 class DistributedDataParallel(nn.Module, Joinable):
     """Data parallelism: each process holds a replica of ``module``; gradients are averaged during backward.
 
-    Arguments mean what they mean for torch's DDP; ``bucket_cap_mb="auto"`` additionally sizes the buckets from
-    the model (see :func:`gradsync.reducer.buckets.size_limits`). After ``loss.backward()`` returns, every
+    Arguments mean what they mean for torch's DDP (2.13's signature, including ``forward_sync_buffers`` and
+    ``bucket_cap_mb_list``). One difference by design: with ``bucket_cap_mb=None`` gradsync starts from torch's
+    caps and, at the bucket rebuild after iteration 1, may choose smaller ones from the measured backward timeline
+    and link speed (:mod:`gradsync.reducer.autotune`; ``"auto"`` asks for it explicitly, ``GRADSYNC_BUCKET_TUNING=0``
+    or any number turns it off). ``batched_grad_copy`` is accepted and always on: small gradients are copied into
+    their bucket with one fused copy. After ``loss.backward()`` returns, every
     parameter's ``.grad`` holds the average over the process group, so ``optimizer.step()`` keeps all replicas
     identical and training equals one process training on all ranks' batches at once.
 
@@ -53,7 +64,7 @@ class DistributedDataParallel(nn.Module, Joinable):
         device_ids: Sequence[int | torch.device] | None = None,
         output_device: int | torch.device | None = None,
         dim: int = 0,
-        broadcast_buffers: bool = True,
+        broadcast_buffers: bool | None = None,
         init_sync: bool = True,
         process_group: dist.ProcessGroup | None = None,
         bucket_cap_mb: float | str | None = None,
@@ -61,11 +72,17 @@ class DistributedDataParallel(nn.Module, Joinable):
         check_reduction: bool = False,
         gradient_as_bucket_view: bool = False,
         static_graph: bool = False,
+        *,
+        bucket_cap_mb_list: Sequence[float] | None = None,
+        batched_grad_copy: bool = False,
+        forward_sync_buffers: bool | None = None,
         **unsupported: Any,
     ) -> None:
         super().__init__()
         Joinable.__init__(self)
-        for name in unsupported:
+        for name, value in unsupported.items():
+            if name in _UNSUPPORTED and value in (None, False):
+                continue
             hint = "gradsync does not implement it yet" if name in _UNSUPPORTED else "torch's DDP has no such argument"
             raise TypeError(f"gradsync.DistributedDataParallel: unexpected argument '{name}' ({hint})")
         if not isinstance(module, nn.Module):
@@ -91,7 +108,12 @@ class DistributedDataParallel(nn.Module, Joinable):
         self.device_ids = [_device_index(d) for d in device_ids] if device_ids else None
         self.output_device = _device_index(output_device) if output_device is not None else None
         self.dim = dim
-        self.broadcast_buffers = broadcast_buffers
+        # torch 2.13: forward_sync_buffers replaces broadcast_buffers; only the old flag also skips the init sync.
+        if forward_sync_buffers is not None:
+            self.forward_sync_buffers, init_sync_buffers = forward_sync_buffers, True
+        else:
+            self.forward_sync_buffers = init_sync_buffers = broadcast_buffers is not False
+        self.batched_grad_copy = batched_grad_copy
         self.find_unused_parameters = find_unused_parameters
         self.gradient_as_bucket_view = gradient_as_bucket_view
         self.static_graph = static_graph
@@ -102,19 +124,29 @@ class DistributedDataParallel(nn.Module, Joinable):
         verify_same_parameters(list(module.named_parameters()), self.process_group)
         self._buffers_to_sync = [b for b in module.buffers()]
         if init_sync:
-            broadcast_tensors([p.detach() for p in module.parameters()] + self._buffers_to_sync, self.process_group)
+            buffers = self._buffers_to_sync if init_sync_buffers else []
+            broadcast_tensors([p.detach() for p in module.parameters()] + buffers, self.process_group)
         self._params = [p for _, p in named]
         self.reducer = Reducer(
             self._params,
             [n for n, _ in named],
             process_group,
-            bucket_cap_mb=bucket_cap_mb,
+            bucket_cap_mb=list(bucket_cap_mb_list) if bucket_cap_mb_list else bucket_cap_mb,
             gradient_as_bucket_view=gradient_as_bucket_view,
             find_unused_parameters=find_unused_parameters,
             static_graph=static_graph,
         )
         self.reducer.check_desync = desync.enabled()
         self._comm_hook_registered = False
+
+    @property
+    def broadcast_buffers(self) -> bool:
+        """torch's older name for :attr:`forward_sync_buffers` (buffers broadcast from rank 0 at each forward)."""
+        return self.forward_sync_buffers
+
+    @broadcast_buffers.setter
+    def broadcast_buffers(self, value: bool) -> None:
+        self.forward_sync_buffers = value
 
     @property
     def process_group(self) -> dist.ProcessGroup:
@@ -150,7 +182,7 @@ class DistributedDataParallel(nn.Module, Joinable):
         return output
 
     def _will_broadcast_buffers(self) -> bool:
-        return bool(self.broadcast_buffers and self._buffers_to_sync and dist.get_world_size(self.process_group) > 1)
+        return bool(self.forward_sync_buffers and self._buffers_to_sync and dist.get_world_size(self.process_group) > 1)
 
     def _notify_join(self) -> None:
         """Inside ``join()``: tell the joined ranks this one still trains (their loop waits on this all-reduce)."""

@@ -3,6 +3,7 @@ everything through; evaluation that needs no peer."""
 
 from __future__ import annotations
 
+import copy
 import inspect
 
 import pytest
@@ -54,3 +55,80 @@ def test_state_dicts_and_initial_broadcast() -> None:
     assert r0["names"] == ["module.0.weight", "module.0.bias", "module.1.weight", "module.1.bias"]
     assert torch.equal(r0["running_mean0"], torch.zeros(4)) and torch.equal(r1["running_mean0"], torch.zeros(4))
     assert torch.equal(r0["weight"], r1["weight"])  # rank 1 now holds rank 0's initial weights (after one step)
+
+
+def _torch_arguments(rank: int, world_size: int) -> list[str]:
+    # Every argument of the installed torch's DDP, at its default, is accepted by name.
+    signature = inspect.signature(torch.nn.parallel.DistributedDataParallel.__init__)
+    defaults = {n: p.default for n, p in signature.parameters.items() if p.default is not inspect.Parameter.empty}
+    gradsync.DistributedDataParallel(nn.Linear(2, 2), **defaults)
+    return sorted(defaults)
+
+
+@pytest.mark.timeout(60)
+def test_every_torch_argument_is_accepted_at_its_default() -> None:
+    names = spawn(_torch_arguments, timeout=50)[0]
+    assert "static_graph" in names
+
+
+TorchDDP = torch.nn.parallel.DistributedDataParallel
+BUFFER_ARGS = [{}, {"broadcast_buffers": False}, {"forward_sync_buffers": False}, {"broadcast_buffers": True}]
+
+
+def _buffer_sync(rank: int, world_size: int) -> list[dict]:
+    # torch 2.13: broadcast_buffers=False also skips the buffer sync at construction; forward_sync_buffers=False
+    # still syncs there. Each flag runs through torch's DDP and gradsync's side by side.
+    out = []
+    for kwargs in BUFFER_ARGS:
+        seen = {}
+        for name, wrap in (("torch", TorchDDP), ("gradsync", gradsync.DistributedDataParallel)):
+            torch.manual_seed(0)
+            model = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4))
+            model[1].running_mean.fill_(float(rank + 1))
+            with pytest.warns(FutureWarning) if name == "torch" and "broadcast_buffers" in kwargs else _nothing():
+                ddp = wrap(model, **kwargs)
+            after_init = model[1].running_mean.clone()
+            ddp(torch.full((2, 3), float(rank)))
+            seen[name] = (after_init, model[1].running_mean.clone())
+        out.append(seen)
+    return out
+
+
+class _nothing:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+@pytest.mark.timeout(60)
+def test_buffer_flags_match_torch() -> None:
+    for rank_result in spawn(_buffer_sync, timeout=50):
+        for kwargs, seen in zip(BUFFER_ARGS, rank_result):
+            for ours, theirs in zip(seen["gradsync"], seen["torch"]):
+                assert torch.equal(ours, theirs), kwargs
+
+
+def _cap_list(rank: int, world_size: int) -> dict:
+    torch.manual_seed(0)
+    model = nn.Sequential(*[nn.Linear(32, 32) for _ in range(6)])  # 4,224 bytes of gradients per layer
+    reference = torch.nn.parallel.DistributedDataParallel(copy.deepcopy(model), bucket_cap_mb_list=[0.004, 0.008])
+    ddp = gradsync.DistributedDataParallel(model, bucket_cap_mb_list=[0.004, 0.008])
+    sizes = []
+    for step in range(3):
+        for net in (ddp, reference):
+            torch.manual_seed(10 * step + rank)
+            net(torch.randn(4, 32)).pow(2).mean().backward()
+        sizes.append([len(b.params) for b in ddp.reducer.buckets])
+    diff = max((a.grad - b.grad).abs().max().item() for a, b in zip(model.parameters(), reference.parameters()))
+    return {"sizes": sizes, "diff": diff}
+
+
+@pytest.mark.timeout(60)
+def test_bucket_cap_mb_list_caps_each_bucket_like_torch() -> None:
+    for result in spawn(_cap_list, timeout=50):
+        # 4,194 bytes for the first bucket (one layer's weight and bias), 8,388 for the rest (two layers each,
+        # the last one left over); kept at the rebuild, never tuned.
+        assert result["sizes"] == [[2, 4, 4, 2]] * 3
+        assert result["diff"] <= 1e-6

@@ -20,26 +20,26 @@ DEFAULT_FIRST_BUCKET_BYTES = 1 * MIB
 EAGER_COPY_NUMEL = 4096
 
 
-def size_limits(bucket_cap_mb: float | str | None, params: Sequence[torch.Tensor]) -> list[int]:
+def size_limits(bucket_cap_mb: float | str | Sequence[float] | None) -> list[int]:
     """Byte limits for the first bucket and the rest, from ``bucket_cap_mb``.
 
-    None: torch's default, 25 MiB with a 1 MiB first bucket (small, so communication starts early). A number: that
-    many MiB for every bucket, first included (as torch does when a cap is given). ``"auto"``: a quarter of the
-    model's gradient bytes, clamped to 1-25 MiB, with the 1 MiB first bucket. A model whose gradients fit in one
-    25 MiB bucket can then still overlap its communication with backward (measured on the GPT benchmark model on
-    1 Gbit/s: 1.13 x the overlap bound at 25 MiB, 1.07 at 4 MiB).
+    None or ``"auto"``: torch's default, 25 MiB with a 1 MiB first bucket (small, so communication starts early);
+    with ``"auto"`` (and None unless tuning is switched off) these are only iteration 1's limits and
+    :mod:`gradsync.reducer.autotune` may choose others at the rebuild. A number: that many MiB for every bucket,
+    first included (as torch does when a cap is given). A list (torch's ``bucket_cap_mb_list``): the k-th bucket's
+    cap, the last one for all later buckets.
 
-    >>> size_limits(None, [])
+    >>> size_limits(None)
     [1048576, 26214400]
     """
-    if bucket_cap_mb == "auto":
-        total = sum(p.numel() * p.element_size() for p in params)
-        cap = min(max(total // 4, DEFAULT_FIRST_BUCKET_BYTES), int(DEFAULT_BUCKET_CAP_MB * MIB))
-        return [DEFAULT_FIRST_BUCKET_BYTES, cap]
-    if isinstance(bucket_cap_mb, str) or (bucket_cap_mb is not None and not bucket_cap_mb > 0):
-        raise ValueError(f"bucket_cap_mb must be > 0 (MiB per bucket), None or 'auto', got {bucket_cap_mb!r}")
-    if bucket_cap_mb is None:
+    if bucket_cap_mb is None or bucket_cap_mb == "auto":
         return [DEFAULT_FIRST_BUCKET_BYTES, int(DEFAULT_BUCKET_CAP_MB * MIB)]
+    if isinstance(bucket_cap_mb, Sequence) and not isinstance(bucket_cap_mb, str):
+        if not bucket_cap_mb or not all(cap > 0 for cap in bucket_cap_mb):
+            raise ValueError(f"bucket_cap_mb_list must hold caps > 0 (MiB per bucket), got {list(bucket_cap_mb)}")
+        return [max(int(cap * MIB), 1) for cap in bucket_cap_mb]
+    if isinstance(bucket_cap_mb, str) or not bucket_cap_mb > 0:
+        raise ValueError(f"bucket_cap_mb must be > 0 (MiB per bucket), None or 'auto', got {bucket_cap_mb!r}")
     cap = max(int(bucket_cap_mb * MIB), 1)
     return [cap, cap]
 
