@@ -8,7 +8,8 @@ last bucket is ready, i.e. no overlap with backward), ``accum`` (k: k micro-batc
 times are per micro-batch), ``opt`` (adam; default SGD with momentum), ``zero`` (1: gradsync.ShardedOptimizer
 around it), ``overlap_opt`` (1: gradsync.optim.OverlappedOptimizer, stepping each bucket as it arrives),
 ``debug`` (1: GRADSYNC_DEBUG desync checks), ``bb`` (0: forward_sync_buffers=False, torch or gradsync), ``tune``
-(0: torch's fixed default buckets, GRADSYNC_BUCKET_TUNING=0, when no cap is given).
+(0: torch's fixed default buckets, GRADSYNC_BUCKET_TUNING=0, when no cap is given), ``static`` (1:
+static_graph=True, torch or gradsync).
 """
 
 from __future__ import annotations
@@ -121,6 +122,8 @@ def build(spec: str, model_name: str, seed: int = 0) -> Variant:
     cap = (opts["cap"] if opts["cap"] == "auto" else float(opts["cap"])) if "cap" in opts else None
 
     buffer_kw = {"forward_sync_buffers": opts["bb"] != "0"} if "bb" in opts else {}  # torch >= 2.13's name
+    if opts.get("static") == "1":
+        buffer_kw["static_graph"] = True
     if kind == "local":
         net, ddp = module, None
     elif kind == "torch":

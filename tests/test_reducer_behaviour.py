@@ -3,6 +3,8 @@ gradients living in the buckets, and local accumulation under no_sync."""
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -129,3 +131,36 @@ def test_no_sync_accumulates_locally_then_averages_the_sum() -> None:
     assert r0["restored"] and r1["restored"]  # restored even when the block raised
     # rank 0 accumulated 1+1, rank 1 2+2: the average of the sums is 3.
     assert r0["synced"] == r1["synced"] == [[3.0] * 4]
+
+
+def _static_quiet_hooks(rank: int, world_size: int) -> dict:
+    # 40 small parameters and one large one; under static_graph, after the rebuild only each bucket's last-ready
+    # small parameter and the large one keep a hook, and the averages still match torch's DDP.
+    torch.manual_seed(0)
+    model = nn.Sequential(*[nn.Linear(8, 8) for _ in range(20)], nn.Linear(8, 1024), nn.Linear(1024, 1))
+    reference = torch.nn.parallel.DistributedDataParallel(copy.deepcopy(model), static_graph=True)
+    ddp = gradsync.DistributedDataParallel(model, static_graph=True, bucket_cap_mb=0.001)
+    hooked = []
+    for step in range(4):
+        for net in (ddp, reference):
+            torch.manual_seed(10 * step + rank)
+            if step == 2:  # accumulation under no_sync still works with the quiet parameters
+                with net.no_sync():
+                    net(torch.randn(4, 8)).pow(2).mean().backward()
+            torch.manual_seed(10 * step + rank)
+            net(torch.randn(4, 8)).pow(2).mean().backward()
+        hooked.append(sum(bool(p._post_accumulate_grad_hooks) for p in model.parameters()))
+    diff = max((a.grad - b.grad).abs().max().item() for a, b in zip(model.parameters(), reference.parameters()))
+    kept = sum(len(b.param_indices) - len(b.quiet) for b in ddp.reducer.buckets)
+    return {"hooked": hooked, "kept": kept, "buckets": len(ddp.reducer.buckets), "diff": diff}
+
+
+@pytest.mark.timeout(60)
+def test_static_graph_keeps_one_hook_per_bucket_of_small_parameters() -> None:
+    for result in spawn(_static_quiet_hooks, timeout=50):
+        n_params = 44
+        assert result["hooked"][0] == n_params  # iteration 1 records the order with every hook
+        # After the rebuild: the large 8x1024 weight and at most one small parameter per bucket.
+        assert result["hooked"][1:] == [result["kept"]] * 3, result
+        assert result["kept"] <= 1 + result["buckets"] < n_params // 2, result
+        assert result["diff"] <= 1e-6

@@ -17,6 +17,7 @@ Bayesian optimisation. gradsync tunes once, at the bucket rebuild after iteratio
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from collections.abc import Sequence
@@ -25,10 +26,15 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from gradsync.peer_errors import named_collective
 from gradsync.reducer.buckets import MIB, assign_buckets
 
+log = logging.getLogger("gradsync")
+
 CANDIDATE_CAPS_MB = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 25.0)
-PROBE_BYTES = 4 * MIB  # large enough for throughput to dominate latency, small enough to cost ~35 ms at 1 Gbit/s
+# The large probe: at least 1 MiB (else its time is mostly latency and the throughput estimate is noise), at most
+# 4 MiB (~35 ms at 1 Gbit/s), and no more than the gradients themselves.
+PROBE_BYTES = (1 * MIB, 4 * MIB)
 PROBE_REPEATS = 3
 MIN_GAIN = 0.05  # of the predicted backward + communication time under the default caps
 TIE = 0.01
@@ -71,10 +77,31 @@ class BucketTuning:
         )
 
 
+def tune(
+    process_group: dist.ProcessGroup | None,
+    params: Sequence[torch.Tensor],
+    order: Sequence[int],
+    times: tuple[Sequence[int], Sequence[float], float],
+    default_limits: Sequence[int],
+) -> BucketTuning:
+    """Probe the link (every rank must call this) and choose caps for ``params`` bucketed in ``order``.
+
+    ``times``: iteration 1's ready order, the perf_counter() of each entry, and the backward's start.
+    """
+    device = params[0].device
+    with named_collective("link probe of the bucket-size tuner"):
+        link = probe_link(process_group, device, sum(p.numel() * p.element_size() for p in params))
+    ready_s = ready_seconds(len(params), *times)
+    tuning = choose_size_limits(params, order, ready_s, default_limits, link)
+    if dist.get_rank(process_group) == 0:
+        log.info("gradsync: %s", tuning.describe())
+    return tuning
+
+
 def probe_link(process_group: dist.ProcessGroup | None, device: torch.device, grad_bytes: int) -> LinkCost:
-    """Time all-reduces of 1 element and of ``min(grad_bytes, PROBE_BYTES)`` bytes. Every rank must call it."""
+    """Time all-reduces of 1 element and of ``grad_bytes`` clamped to ``PROBE_BYTES``. Every rank must call it."""
     small = torch.zeros(1, device=device)
-    large = torch.zeros(max(min(grad_bytes, PROBE_BYTES) // 4, 2), device=device)
+    large = torch.zeros(min(max(grad_bytes, PROBE_BYTES[0]), PROBE_BYTES[1]) // 4, device=device)
 
     def best_of(tensor: torch.Tensor) -> float:
         best = float("inf")

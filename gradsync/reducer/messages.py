@@ -34,5 +34,5 @@ def ready_twice(name: str) -> str:
     return (
         f"gradsync: parameter '{name}' became ready twice in one backward pass. This happens with reentrant "
         "backward (checkpointing with use_reentrant=True) or a parameter reported unused that still got a "
-        "gradient; use use_reentrant=False, or static_graph=True."
+        "gradient; use use_reentrant=False, or find which rank's forward skipped the parameter."
     )

@@ -10,7 +10,6 @@ at the end of backward and writes the averages back, so ``.grad`` is final when 
 from __future__ import annotations
 
 import enum
-import logging
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -23,9 +22,8 @@ from gradsync.comm.grad_bucket import GradBucket
 from gradsync.groups import rank0_global
 from gradsync.peer_errors import named_collective, post_error
 from gradsync.reducer import autotune, messages
-from gradsync.reducer.buckets import Bucket, assign_buckets, size_limits, write_back
+from gradsync.reducer.buckets import Bucket, assign_buckets, quiet_parameters, size_limits, write_back
 
-log = logging.getLogger("gradsync")
 CommHook = Callable[[Any, GradBucket], torch.futures.Future]
 
 
@@ -62,6 +60,7 @@ class Reducer:
         self.tuning: autotune.BucketTuning | None = None  # the tuner's decision, once made
         # Usage is tracked (and globally unused parameters left untouched) as torch does for these two modes.
         self.tracks_usage = find_unused_parameters or static_graph
+        self.static_graph = static_graph
         # With a dynamic graph the ready order changes between iterations, so torch never rebuilds then.
         self._rebuild_allowed = static_graph or not find_unused_parameters
         self.comm_state: Any = process_group
@@ -122,26 +121,23 @@ class Reducer:
         plan = torch.tensor(order + self.size_limits, dtype=torch.int64, device=device)
         if self.check_desync:
             desync.check(self._process_group, desync.BROADCAST_REBUILD, self.synced_steps + 1, 0, plan)
-        if self.tune_buckets:
-            plan = self._tune(order, device)
+        if self.tune_buckets:  # every rank probes the link; rank 0's choice is what the broadcast carries
+            times = (self._ready_order, self._ready_times, self._backward_start)
+            self.tuning = autotune.tune(self._process_group, self.params, order, times, self.size_limits)
+            plan = torch.tensor(order + self.tuning.size_limits, dtype=torch.int64, device=device)
         with named_collective("broadcast of the rebuilt bucket order"):
             dist.broadcast(plan, src=rank0_global(self._process_group), group=self._process_group)
         values = plan.tolist()
         self.size_limits = values[len(order) :]
         self._build(values[: len(order)])
+        if self.static_graph and not self.check_desync and not self._unused:
+            for bucket in self.buckets:  # one hook per bucket's small parameters (buckets.quiet_parameters)
+                bucket.quiet = quiet_parameters(bucket, values[: len(order)])
+                for i in bucket.quiet:
+                    self._handles[i].remove()
         self._rebuild_pending = False
         self.rebuilt = True
         return True
-
-    def _tune(self, order: list[int], device: torch.device) -> torch.Tensor:
-        """Probe the link (every rank) and choose the caps (rank 0, whose plan the broadcast then carries)."""
-        with named_collective("link probe of the bucket-size tuner"):
-            link = autotune.probe_link(self._process_group, device, sum(b.nbytes for b in self.buckets))
-        ready_s = autotune.ready_seconds(len(self.params), self._ready_order, self._ready_times, self._backward_start)
-        self.tuning = autotune.choose_size_limits(self.params, order, ready_s, self.size_limits, link)
-        if dist.get_rank(self._process_group) == 0:
-            log.info("gradsync: %s", self.tuning.describe())
-        return torch.tensor(order + self.tuning.size_limits, dtype=torch.int64, device=device)
 
     # ----------------------------------------------------------------------------------------------- per step
     def prepare_for_backward(self, unused: Sequence[int] = ()) -> None:
@@ -205,6 +201,10 @@ class Reducer:
             bucket.copy_grad(slot, self._divisor)
         bucket.pending -= 1
         if bucket.pending == 0:
+            for j in bucket.quiet:
+                self._ready[j] = 1
+                if self._used is not None:
+                    self._used[j] = 1
             if not self.gradient_as_bucket_view:
                 bucket.gather_small_grads(self._divisor)
             if self.observer is not None:
