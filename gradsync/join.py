@@ -40,7 +40,7 @@ class DDPJoinHook(JoinHook):
             zeros = torch.zeros_like(bucket.buffer)
             views = [zeros[o : o + v.numel()].view_as(v) for o, v in _offsets(bucket.views)]
             futures.append(reducer.reduce_async(k, zeros, views))
-        if reducer.tracks_usage:
+        if reducer.usage.reduced_this_step():
             futures.append(
                 dist.all_reduce(
                     torch.zeros(len(reducer.params), dtype=torch.int32, device=reducer.params[0].device),

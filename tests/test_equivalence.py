@@ -63,9 +63,11 @@ def test_whole_batch_equivalence_four_ranks() -> None:
 
 
 @pytest.mark.timeout(120)
-def test_parameter_unused_everywhere_keeps_grad_none() -> None:
-    """`never` is used by no rank: with find_unused_parameters its .grad stays untouched (None), as in torch."""
-    case = Case(model="sometimes", ddp_kwargs=(FIND,))
+@pytest.mark.parametrize("mode", [FIND, ("static_graph", True)])
+def test_parameter_unused_everywhere_keeps_grad_none(mode: tuple) -> None:
+    """`never` is used by no rank: its .grad stays untouched (None), as in torch; with static_graph the first
+    step's usage map stands for the later steps."""
+    case = Case(model="sometimes", ddp_kwargs=(mode,))
     results = spawn(run_case, world_size=2, args=(case,), timeout=100)
     for res in results:
         assert res["gradsync_no_grad"] == ["never.weight", "never.bias"]

@@ -23,6 +23,7 @@ from gradsync.groups import rank0_global
 from gradsync.peer_errors import named_collective, post_error
 from gradsync.reducer import autotune, messages
 from gradsync.reducer.buckets import Bucket, assign_buckets, quiet_parameters, size_limits, write_back
+from gradsync.reducer.unused import GlobalUsage
 
 CommHook = Callable[[Any, GradBucket], torch.futures.Future]
 
@@ -60,6 +61,7 @@ class Reducer:
         self.tuning: autotune.BucketTuning | None = None  # the tuner's decision, once made
         # Usage is tracked (and globally unused parameters left untouched) as torch does for these two modes.
         self.tracks_usage = find_unused_parameters or static_graph
+        self.usage = GlobalUsage(len(self.params), find_unused_parameters, static_graph)
         self.static_graph = static_graph
         # With a dynamic graph the ready order changes between iterations, so torch never rebuilds then.
         self._rebuild_allowed = static_graph or not find_unused_parameters
@@ -145,7 +147,7 @@ class Reducer:
         for bucket in self.buckets:
             bucket.reset()
         self._ready = bytearray(len(self.params))
-        self._used = bytearray(len(self.params)) if self.tracks_usage else None
+        self._used = self.usage.local_map()
         self._futures: list[torch.futures.Future | None] = [None] * len(self.buckets)
         self._next_launch = 0
         self._unused = unused
@@ -226,10 +228,10 @@ class Reducer:
             if self.observer is not None:
                 self.observer.bucket_launched(k, fut)
         if self._next_launch == len(buckets) and self._used is not None:
-            self._used_map = torch.tensor(list(self._used), dtype=torch.int32, device=self.params[0].device)
             if self.check_desync:
-                desync.check(self._process_group, desync.ALLREDUCE_USED, self.synced_steps, 0, self._used_map)
-            self._used_work = dist.all_reduce(self._used_map, group=self._process_group, async_op=True)
+                used = torch.tensor(list(self._used), dtype=torch.int32, device=self.params[0].device)
+                desync.check(self._process_group, desync.ALLREDUCE_USED, self.synced_steps, 0, used)
+            self.usage.start(self._used, self._process_group, self.params[0].device)
 
     def reduce_async(self, k: int, buffer: torch.Tensor, views: list[torch.Tensor]) -> torch.futures.Future:
         """Start reducing bucket ``k``'s ``buffer`` (the join shadow passes zeros): the communication hook, or the
@@ -268,11 +270,7 @@ class Reducer:
         # Hold no finished futures or works past this point: gloo work objects that outlive the process group
         # are destroyed during interpreter teardown and abort the process ("terminate called ...").
         self._futures = []
-        globally_used = None
-        if self._used is not None:
-            self._used_work.wait()
-            self._used_work = None
-            globally_used = self._used_map.tolist()
+        globally_used = self.usage.result()
         if self.bucket_reduced is None:
             if self.grad_scale != 1.0:
                 torch._foreach_mul_([b.buffer for b in self.buckets], self.grad_scale)

@@ -40,3 +40,47 @@ def unused_parameter_indices(outputs: Iterable[torch.Tensor], params: Sequence[t
     """Indices into ``params`` of the parameters the outputs do not depend on."""
     reached = reachable_parameter_ids(outputs)
     return [i for i, p in enumerate(params) if id(p) not in reached]
+
+
+class GlobalUsage:
+    """Which parameters got a gradient on at least one rank in this backward (torch's "globally used" map).
+
+    With ``find_unused_parameters`` (a dynamic graph) each rank's map is all-reduced in every synced backward; with
+    ``static_graph`` only in the first, whose answer stands for every later step, as torch's Reducer does
+    (``static_graph_first_iteration``), so a static graph pays no per-step collective for it.
+    """
+
+    def __init__(self, n: int, find_unused_parameters: bool, static_graph: bool) -> None:
+        self.n = n
+        self.dynamic = find_unused_parameters and not static_graph
+        self.static = static_graph
+        self._known: list[int] | None = None  # static_graph: the first step's answer (None: all used)
+        self._have_known = False
+        self._map: torch.Tensor | None = None
+        self._work = None
+
+    def reduced_this_step(self) -> bool:
+        """Whether this step's backward all-reduces a usage map (a joined rank must then shadow it)."""
+        return self.dynamic or (self.static and not self._have_known)
+
+    def local_map(self) -> bytearray | None:
+        """A zeroed map for this backward's hooks to mark, or None when this step needs none."""
+        return bytearray(self.n) if self.reduced_this_step() else None
+
+    def start(self, used: bytearray, group, device: torch.device) -> torch.Tensor:
+        """Launch the all-reduce of this rank's map (after the last bucket, so it never delays one)."""
+        self._map = torch.tensor(list(used), dtype=torch.int32, device=device)
+        self._work = torch.distributed.all_reduce(self._map, group=group, async_op=True)
+        return self._map
+
+    def result(self) -> list[int] | None:
+        """Per parameter, 0 if no rank used it; None if every parameter counts as used (the write-back's fast path)."""
+        if self._work is None:
+            return self._known
+        self._work.wait()
+        self._work = None
+        flags = self._map.tolist()
+        result = None if all(flags) else flags
+        if self.static:
+            self._known, self._have_known = result, True
+        return result
