@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch.distributed as dist
 
@@ -52,15 +52,16 @@ def peer_errors() -> dict[int, str] | None:
 
 
 @contextlib.contextmanager
-def named_collective(what: str) -> Iterator[None]:
+def named_collective(what: str | Callable[[], str]) -> Iterator[None]:
     """Turn a backend failure inside the block into an error that names the operation, this rank, what the other
-    ranks reported and who never arrived; the message is posted for the others too."""
+    ranks reported and who never arrived; the message is posted for the others too. ``what`` may be a function,
+    so a description that costs something to build is built only on failure."""
     try:
         yield
     except Exception as exc:
         if isinstance(exc, RuntimeError) and str(exc).startswith("gradsync:"):
             raise  # already named (e.g. a desync report)
-        message = f"{what} failed on rank {dist.get_rank()}: {exc}"
+        message = f"{what() if callable(what) else what} failed on rank {dist.get_rank()}: {exc}"
         post_error(message)
         raise RuntimeError(f"gradsync: {message}{describe_peer_errors(grace=2.0)}") from exc
 

@@ -141,15 +141,26 @@ class Bucket:
         else:
             _move(grad, self.views[slot], divisor)
 
-    def gather_small_grads(self, divisor: int | None) -> None:
-        """Copy all the small gradients in with one fused copy, once the whole bucket is ready."""
+    def gather_small_grads(self, divisor: int | None, as_view: bool) -> None:
+        """Copy all the small gradients in with one fused copy, once the whole bucket is ready. ``as_view``
+        (gradient_as_bucket_view): gradients already in their slot stay, the others are copied and ``.grad`` becomes
+        the slot; the small gradients' extra memory is held until the bucket fills, not one at a time."""
         if not self._small_params:
             return
-        grads = [p.grad for p in self._small_params]
-        if all(g is not None for g in grads):
-            torch._foreach_copy_(self._small_views, grads)
+        params, views = self._small_params, self._small_views
+        grads = [p.grad for p in params]
+        if as_view:
+            moving = [k for k, g in enumerate(grads) if g is not None and g.data_ptr() != views[k].data_ptr()]
+            if moving:
+                torch._foreach_copy_([views[k] for k in moving], [grads[k] for k in moving])
+            for k in moving:
+                params[k].grad = views[k]
+            for k in (k for k, g in enumerate(grads) if g is None):
+                views[k].zero_()
+        elif all(g is not None for g in grads):
+            torch._foreach_copy_(views, grads)
         else:
-            for grad, view in zip(grads, self._small_views):
+            for grad, view in zip(grads, views):
                 if grad is None:
                     view.zero_()
                 else:

@@ -197,18 +197,18 @@ class Reducer:
             self._ready_times.append(time.perf_counter())
         bucket = self._bucket_of[i]
         slot = self._slot_of[i]
-        if self.gradient_as_bucket_view:
-            bucket.adopt_grad(slot, self._divisor)
-        elif bucket.eager[slot]:
-            bucket.copy_grad(slot, self._divisor)
+        if bucket.eager[slot]:  # large gradients go in as they arrive; small ones together when the bucket fills
+            if self.gradient_as_bucket_view:
+                bucket.adopt_grad(slot, self._divisor)
+            else:
+                bucket.copy_grad(slot, self._divisor)
         bucket.pending -= 1
         if bucket.pending == 0:
             for j in bucket.quiet:
                 self._ready[j] = 1
                 if self._used is not None:
                     self._used[j] = 1
-            if not self.gradient_as_bucket_view:
-                bucket.gather_small_grads(self._divisor)
+            bucket.gather_small_grads(self._divisor, self.gradient_as_bucket_view)
             if self.observer is not None:
                 self.observer.bucket_ready(bucket.index)
             if bucket.index == self._next_launch:
@@ -256,7 +256,7 @@ class Reducer:
             self._raise_not_ready()
         for k, fut in enumerate(self._futures):
             bucket = self.buckets[k]
-            with named_collective(f"all-reduce of {self.describe_bucket(k)}"):
+            with named_collective(lambda k=k: f"all-reduce of {self.describe_bucket(k)}"):
                 result = fut.wait()  # type: ignore[union-attr]
             if isinstance(result, list):  # the built-in all-reduce's future holds [tensor]
                 result = result[0]
