@@ -5,7 +5,8 @@
 
 ``--link loopback`` runs 2 ranks on 127.0.0.1; ``--link RATE`` (e.g. 1gbit) runs each rank in its own network
 namespace on a bridge shaped to RATE each way (bench/netlab.py). Results: a JSON file and a table; the table's
-ratio column is the median of per-step ratios against the ``torch`` variant.
+ratio column is the median of per-step ratios against the ``torch`` variant. A PNG of the step breakdown is written
+beside the JSON.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from rich.console import Console
 from rich.table import Table
 
 from bench import netlab
+from bench.plot import plot
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -151,7 +153,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     result = run(args)
     Console(width=150).print(table(result))
-    print(f"wrote {args.out}")
+    png = plot(result, Path(args.out).with_suffix(".png"))
+    print(f"wrote {args.out}" + (f" and {png}" if png else " (no PNG: matplotlib is not installed)"))
     return 0
 
 

@@ -1,0 +1,36 @@
+"""The benchmark runner end to end, tiny: two loopback ranks, interleaved variants, JSON and PNG out."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.timeout(120)
+def test_bench_writes_ratios_tuning_and_a_png(tmp_path: Path) -> None:
+    out = tmp_path / "tiny.json"
+    variants = "local;torch;gradsync;gradsync:tune=0;gradsync:static=1,view=1"
+    subprocess.run(
+        [sys.executable, "-m", "bench", "--model", "tiny", "--variants", variants, "--steps", "3", "--warmup", "2"]
+        + ["--batch", "4", "--timeout", "100", "--out", str(out)],
+        cwd=ROOT,
+        check=True,
+        timeout=110,
+        capture_output=True,
+    )
+    result = json.loads(out.read_text())
+    assert list(result["variants"]) == variants.split(";")
+    for spec, entry in result["variants"].items():
+        assert len(entry["steps_ms"]) == 3 and entry["median_ms"] > 0, spec
+        assert entry["ratio_vs_torch"] > 0, spec
+    assert result["variants"]["torch"]["ratio_vs_torch"] == 1.0
+    # The tuner decided (and said so) where it was on, and nowhere else.
+    assert "bucket cap" in result["variants"]["gradsync"]["bucket_tuning"]
+    assert result["variants"]["gradsync:tune=0"]["bucket_tuning"] is None
+    assert out.with_suffix(".png").stat().st_size > 10_000
