@@ -4,11 +4,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-.venv/bin/python}
 mkdir -p bench/results
-# Identical settings (same bucket cap, no extras), every zoo model, loopback and 1 Gbit/s.
+# Every zoo model, loopback and 1 Gbit/s: identical settings (gradsync:tune=0 = torch's fixed default buckets, no
+# extras) and gradsync's default (bucket sizes tuned at the rebuild).
 for model in mlp gpt cnn tiny; do
-  $PY -m bench --model "$model" --variants "local;torch;gradsync;gradsync:hook=noop" --steps 30 \
-      --out "bench/results/$model-loopback.json"
-  $PY -m bench --model "$model" --variants "local;allreduce;torch;gradsync" --steps 15 --link 1gbit \
+  $PY -m bench --model "$model" --steps 30 --out "bench/results/$model-loopback.json" \
+      --variants "local;torch;gradsync:tune=0;gradsync;gradsync:hook=noop;gradsync:hook=noop,static=1"
+  $PY -m bench --model "$model" --variants "local;allreduce;torch;gradsync:tune=0;gradsync" --steps 15 --link 1gbit \
       --out "bench/results/$model-1gbit.json"
 done
 # What gradsync adds on the slow link: compression, no overlap (the paper's baseline), no_sync, memory, ZeRO,
@@ -20,3 +21,9 @@ $PY -m bench --model gpt --link 1gbit --steps 10 --out bench/results/gpt-1gbit-o
 # Bucket size (the paper's bucket-size figure), on the slow link.
 $PY -m bench --model mlp --link 1gbit --steps 12 --out bench/results/mlp-1gbit-buckets.json --variants \
   "torch;gradsync:cap=0.25;gradsync:cap=1;gradsync:cap=5;gradsync:cap=25;gradsync:cap=100"
+# Optimizer steps overlapped with the remaining all-reduces (gradsync.optim.OverlappedOptimizer), Adam.
+$PY -m bench --model mlp --link 1gbit --steps 15 --out bench/results/mlp-1gbit-overlap-opt.json --variants \
+  "torch;gradsync:cap=5,opt=adam;gradsync:cap=5,opt=adam,overlap_opt=1;gradsync:cap=1,opt=adam;gradsync:cap=1,opt=adam,overlap_opt=1"
+# Both at their defaults with Adam, and gradsync's OverlappedOptimizer on its tuned buckets.
+$PY -m bench --model mlp --link 1gbit --steps 12 --out bench/results/mlp-1gbit-adam-defaults.json --variants \
+  "torch:opt=adam;gradsync:opt=adam;gradsync:opt=adam,overlap_opt=1"

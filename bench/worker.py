@@ -71,6 +71,7 @@ def summarize(args, variants, times) -> dict:
         "batch": args.batch,
         "steps": args.steps,
         "world_size": dist.get_world_size(),
+        "reference": ref,  # the torch variant every ratio_vs_torch is paired against
         "variants": {},
     }
     for v in variants:
@@ -88,7 +89,7 @@ def summarize(args, variants, times) -> dict:
             entry[f"{key}_ms"] = _median([s[key] for s in times[v.spec]]) * 1e3
         if ref is not None:
             paired = [a / b for a, b in zip(totals, [s["total"] for s in times[ref]])]
-            entry["ratio_vs_" + ref] = _median(paired)
+            entry["ratio_vs_torch"] = _median(paired)
         out["variants"][v.spec] = entry
     local = out["variants"].get("local")
     ar = out["variants"].get("allreduce")

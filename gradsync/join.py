@@ -50,6 +50,10 @@ class DDPJoinHook(JoinHook):
             )
         for fut in futures:
             fut.wait()
+        if not reducer.rebuilt and reducer.rebuild_allowed:
+            # A rank that joined before its first synced backward still takes part in the others' one-time rebuild
+            # (order, tuning probe, plan broadcast) at their next forward.
+            reducer.request_rebuild()
 
     def post_hook(self, is_last_joiner: bool) -> None:
         # The last joiner trained longest; its model is everyone's model from here on.

@@ -57,10 +57,11 @@ def test_join_with_uneven_inputs_matches_reference(divide_by_initial: bool) -> N
 
 
 @pytest.mark.timeout(90)
-def test_join_right_after_iteration_one_shadows_the_rebuild_and_bucket_tuning() -> None:
-    # Rank 0 joins after one batch: the rebuild, the tuner's link probe and the plan broadcast happen at rank 1's
-    # second forward, so rank 0's join hook must take part in each of them.
-    steps = {0: 1, 1: 3}
+@pytest.mark.parametrize("first", [1, 0])
+def test_join_before_the_rebuild_shadows_the_rebuild_and_bucket_tuning(first: int) -> None:
+    # Rank 0 joins after one batch (or none): the rebuild, the tuner's link probe and the plan broadcast happen at
+    # rank 1's second forward, so rank 0's join hook must take part in each of them.
+    steps = {0: first, 1: 3}
     r0, r1 = spawn(_join, args=(True, False, steps, "auto"), timeout=80, pg_timeout=20)
     ref = _join_reference(2, True, steps)
     for k in ref:

@@ -64,7 +64,7 @@ class Reducer:
         self.usage = GlobalUsage(len(self.params), find_unused_parameters, static_graph)
         self.static_graph = static_graph
         # With a dynamic graph the ready order changes between iterations, so torch never rebuilds then.
-        self._rebuild_allowed = static_graph or not find_unused_parameters
+        self.rebuild_allowed = static_graph or not find_unused_parameters
         self.comm_state: Any = process_group
         # None: the built-in averaging (divide on the way into the bucket, one plain all-reduce), torch's C++ path.
         self.comm_hook: CommHook | None = None
@@ -141,6 +141,10 @@ class Reducer:
         self.rebuilt = True
         return True
 
+    def request_rebuild(self) -> None:
+        """Take part in the one-time rebuild at the next forward (a joined rank: see gradsync.join)."""
+        self._rebuild_pending = True
+
     # ----------------------------------------------------------------------------------------------- per step
     def prepare_for_backward(self, unused: Sequence[int] = ()) -> None:
         """Arm the next backward to reduce; ``unused`` parameters are counted ready with their current grad."""
@@ -151,7 +155,7 @@ class Reducer:
         self._futures: list[torch.futures.Future | None] = [None] * len(self.buckets)
         self._next_launch = 0
         self._unused = unused
-        self._record_order = self._rebuild_allowed and not self.rebuilt and self.iteration == 0
+        self._record_order = self.rebuild_allowed and not self.rebuilt and self.iteration == 0
         self._phase = _Phase.PREPARED
         self.synced_steps += 1
         self._divisor = dist.get_world_size(self._process_group) if self.comm_hook is None else None
