@@ -232,7 +232,7 @@ class DistributedDataParallel(nn.Module, Joinable):
 
         A rank that finishes its data early keeps answering the others' collectives with zeros until every rank is
         done; then all replicas take the last rank's model. Averages divide by the initial world size (default) or
-        by the ranks still training.
+        by the ranks still training. ``no_sync()`` works inside: its micro-batches run no collective to shadow.
 
         >>> with ddp.join():
         ...     for x, y in my_uneven_shard:

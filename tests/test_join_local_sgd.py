@@ -3,6 +3,8 @@ replicas identical right after each averaging and averages exactly."""
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 from ddp_cases import BATCH, batch
@@ -103,3 +105,43 @@ def test_post_local_sgd_averages_every_period_after_warmup() -> None:
         if a["averaged"]:
             for p, q, after in zip(a["before"], b["before"], a["after"]):
                 assert (after - (p + q) / 2).abs().max() <= 1e-6
+
+
+ACCUM_STEPS = {0: 2, 1: 4}
+
+
+def _join_accumulating(rank: int, world_size: int) -> dict:
+    # no_sync inside join(): the no_sync micro-batches run no collective, so the joined rank only shadows the
+    # synced ones, and the averages still count only the active ranks' accumulated gradients.
+    module = build("mlp")
+    ddp = gradsync.DistributedDataParallel(module, bucket_cap_mb=0.0005)
+    opt = torch.optim.SGD(module.parameters(), lr=0.1)
+    sl = slice(rank * BATCH, (rank + 1) * BATCH)
+    with ddp.join():
+        for step in range(ACCUM_STEPS[rank]):
+            opt.zero_grad()
+            for micro in range(2):
+                x, y = batch(step, micro, world_size)
+                with ddp.no_sync() if micro == 0 else contextlib.nullcontext():
+                    nn.functional.mse_loss(ddp(x[sl]), y[sl]).backward()
+            opt.step()
+    return {k: v.clone() for k, v in module.named_parameters()}
+
+
+@pytest.mark.timeout(90)
+def test_no_sync_accumulation_inside_join_matches_reference() -> None:
+    r0, r1 = spawn(_join_accumulating, timeout=80, pg_timeout=20)
+    module = build("mlp")
+    opt = torch.optim.SGD(module.parameters(), lr=0.1)
+    for step in range(max(ACCUM_STEPS.values())):
+        active = [r for r in range(2) if ACCUM_STEPS[r] > step]
+        opt.zero_grad()
+        for micro in range(2):
+            x, y = batch(step, micro, 2)
+            for r in active:
+                sl = slice(r * BATCH, (r + 1) * BATCH)
+                (nn.functional.mse_loss(module(x[sl]), y[sl]) / 2).backward()  # divided by the initial world size
+        opt.step()
+    for k, ref in module.named_parameters():
+        assert torch.equal(r0[k], r1[k]), k
+        assert (r0[k] - ref).abs().max() <= 1e-5, k
