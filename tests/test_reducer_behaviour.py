@@ -133,13 +133,14 @@ def test_no_sync_accumulates_locally_then_averages_the_sum() -> None:
     assert r0["synced"] == r1["synced"] == [[3.0] * 4]
 
 
-def _static_quiet_hooks(rank: int, world_size: int) -> dict:
+def _static_quiet_hooks(rank: int, world_size: int, view: bool) -> dict:
     # 40 small parameters and one large one; under static_graph, after the rebuild only each bucket's last-ready
     # small parameter and the large one keep a hook, and the averages still match torch's DDP.
     torch.manual_seed(0)
     model = nn.Sequential(*[nn.Linear(8, 8) for _ in range(20)], nn.Linear(8, 1024), nn.Linear(1024, 1))
-    reference = torch.nn.parallel.DistributedDataParallel(copy.deepcopy(model), static_graph=True)
-    ddp = gradsync.DistributedDataParallel(model, static_graph=True, bucket_cap_mb=0.001)
+    kwargs = {"static_graph": True, "gradient_as_bucket_view": view}
+    reference = torch.nn.parallel.DistributedDataParallel(copy.deepcopy(model), **kwargs)
+    ddp = gradsync.DistributedDataParallel(model, bucket_cap_mb=0.001, **kwargs)
     hooked = []
     for step in range(4):
         for net in (ddp, reference):
@@ -156,8 +157,9 @@ def _static_quiet_hooks(rank: int, world_size: int) -> dict:
 
 
 @pytest.mark.timeout(60)
-def test_static_graph_keeps_one_hook_per_bucket_of_small_parameters() -> None:
-    for result in spawn(_static_quiet_hooks, timeout=50):
+@pytest.mark.parametrize("view", [False, True])
+def test_static_graph_keeps_one_hook_per_bucket_of_small_parameters(view: bool) -> None:
+    for result in spawn(_static_quiet_hooks, args=(view,), timeout=50):
         n_params = 44
         assert result["hooked"][0] == n_params  # iteration 1 records the order with every hook
         # After the rebuild: the large 8x1024 weight and at most one small parameter per bucket.
