@@ -75,3 +75,36 @@ def test_size_limits_default_explicit_and_auto() -> None:
     for bad in (0, -1, "fast"):
         with pytest.raises(ValueError, match="bucket_cap_mb must be > 0"):
             size_limits(bad)
+
+
+@pytest.mark.parametrize(
+    "shapes",
+    [
+        [(64, 64), (8,)],  # one vector: copied with the rest
+        [(64, 64), (8,), (5,), (3, 3)],  # vectors by torch.cat, the matrix by _foreach_copy_
+        [(8,), (5,), (2,)],  # vectors only
+        [(3, 3), (2, 2)],  # no vectors
+    ],
+)
+@pytest.mark.parametrize("as_view", [False, True])
+@pytest.mark.parametrize("missing", [False, True])
+def test_gather_small_grads_puts_every_gradient_in_its_slot(shapes: list, as_view: bool, missing: bool) -> None:
+    torch.manual_seed(0)
+    params = [torch.nn.Parameter(torch.randn(s)) for s in shapes]
+    for p in params:
+        p.grad = torch.randn_like(p)
+    if missing:
+        params[-1].grad = None  # no gradient: its slot is zeroed
+    expected = [None if p.grad is None else p.grad.clone() / 2 for p in params]
+    bucket = Bucket(0, list(range(len(params))), params)
+    for slot, eager in enumerate(bucket.eager):  # the large ones arrive first, one by one
+        if eager and as_view:
+            bucket.adopt_grad(slot, 2)
+        elif eager:
+            bucket.copy_grad(slot, 2)
+    bucket.gather_small_grads(2, as_view)
+    for p, view in zip(bucket.params, bucket.views):
+        want = expected[next(i for i, q in enumerate(params) if q is p)]
+        assert torch.equal(view, torch.zeros_like(view) if want is None else want)
+        if as_view and want is not None:
+            assert p.grad.data_ptr() == view.data_ptr()  # .grad now lives in the bucket

@@ -88,11 +88,15 @@ class Bucket:
 
     def __init__(self, index: int, param_indices: list[int], params: Sequence[torch.Tensor]) -> None:
         self.index = index
+        self.assigned = list(param_indices)  # in launch-readiness order, as assign_buckets gave them (for messages)
         # Large gradients first, then all the small ones side by side at the end of the buffer, so the small ones
-        # are divided by a single kernel over one range (a per-tensor divide costs ~1.4 µs per tensor). Membership
+        # are divided by a single kernel over one range (a per-tensor divide costs ~1.4 µs per tensor); among those,
+        # vectors (biases, norm weights) first: one torch.cat copies them ~3x faster than _foreach_copy_. Membership
         # is what assign_buckets decided; only the order inside the bucket changes, identically on every rank.
         large = [i for i in param_indices if params[i].numel() >= EAGER_COPY_NUMEL]
-        self.param_indices = large + [i for i in param_indices if params[i].numel() < EAGER_COPY_NUMEL]
+        small = [i for i in param_indices if params[i].numel() < EAGER_COPY_NUMEL]
+        vectors = [i for i in small if params[i].dim() == 1]
+        self.param_indices = large + vectors + [i for i in small if params[i].dim() != 1]
         members = [params[i] for i in self.param_indices]
         self.params = members
         total = sum(p.numel() for p in members)
@@ -109,6 +113,8 @@ class Bucket:
         self._small_params = members[len(large) :]
         self._small_views = self.views[len(large) :]
         self._small_region = self.buffer[sum(p.numel() for p in members[: len(large)]) :]
+        self._n_vectors = len(vectors)
+        self._vector_region = self._small_region[: sum(params[i].numel() for i in vectors)]
 
     @property
     def nbytes(self) -> int:
@@ -158,7 +164,11 @@ class Bucket:
             for k in (k for k, g in enumerate(grads) if g is None):
                 views[k].zero_()
         elif all(g is not None for g in grads):
-            torch._foreach_copy_(views, grads)
+            k = self._n_vectors if self._n_vectors > 1 else 0  # a lone vector goes with the rest
+            if k:
+                torch.cat(grads[:k], out=self._vector_region)
+            if k < len(grads):
+                torch._foreach_copy_(views[k:], grads[k:])
         else:
             for grad, view in zip(grads, views):
                 if grad is None:

@@ -8,7 +8,7 @@ from gradsync.reducer.buckets import MIB, Bucket
 
 
 def bucket_description(bucket: Bucket, n_buckets: int, names: Sequence[str]) -> str:
-    shown = [names[i] for i in bucket.param_indices]
+    shown = [names[i] for i in bucket.assigned]
     listed = ", ".join(shown[:6]) + (f", ... ({len(shown) - 6} more)" if len(shown) > 6 else "")
     return f"bucket {bucket.index} of {n_buckets} ({bucket.nbytes / MIB:.2f} MiB, params: {listed})"
 
