@@ -40,16 +40,13 @@ class DDPJoinHook(JoinHook):
             zeros = torch.zeros_like(bucket.buffer)
             views = [zeros[o : o + v.numel()].view_as(v) for o, v in _offsets(bucket.views)]
             futures.append(reducer.reduce_async(k, zeros, views))
-        if reducer.usage.reduced_this_step():
-            futures.append(
-                dist.all_reduce(
-                    torch.zeros(len(reducer.params), dtype=torch.int32, device=reducer.params[0].device),
-                    group=ddp.process_group,
-                    async_op=True,
-                ).get_future()
-            )
+        shadow_usage = reducer.usage.reduced_this_step()
+        if shadow_usage:  # nothing used here; the result still tells this rank (static_graph) what the others used
+            reducer.usage.start(bytearray(len(reducer.params)), ddp.process_group, reducer.params[0].device)
         for fut in futures:
             fut.wait()
+        if shadow_usage:
+            reducer.usage.result()
         if not reducer.rebuilt and reducer.rebuild_allowed:
             # A rank that joined before its first synced backward still takes part in the others' one-time rebuild
             # (order, tuning probe, plan broadcast) at their next forward.

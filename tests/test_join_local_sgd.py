@@ -18,9 +18,11 @@ from gradsync.testing import spawn
 STEPS = {0: 3, 1: 5}
 
 
-def _join(rank: int, world_size: int, divide_by_initial: bool, with_bn: bool, steps=STEPS, cap=0.0005) -> dict:
+def _join(
+    rank: int, world_size: int, divide_by_initial: bool, with_bn: bool, steps=STEPS, cap=0.0005, static=False
+) -> dict:
     module = build("bn" if with_bn else "mlp")
-    ddp = gradsync.DistributedDataParallel(module, bucket_cap_mb=cap)
+    ddp = gradsync.DistributedDataParallel(module, bucket_cap_mb=cap, static_graph=static)
     opt = torch.optim.SGD(module.parameters(), lr=0.1)
     with ddp.join(divide_by_initial_world_size=divide_by_initial):
         for step in range(steps[rank]):
@@ -59,12 +61,12 @@ def test_join_with_uneven_inputs_matches_reference(divide_by_initial: bool) -> N
 
 
 @pytest.mark.timeout(90)
-@pytest.mark.parametrize("first", [1, 0])
-def test_join_before_the_rebuild_shadows_the_rebuild_and_bucket_tuning(first: int) -> None:
+@pytest.mark.parametrize("first,static", [(1, False), (0, False), (0, True)])
+def test_join_before_the_rebuild_shadows_the_rebuild_and_bucket_tuning(first: int, static: bool) -> None:
     # Rank 0 joins after one batch (or none): the rebuild, the tuner's link probe and the plan broadcast happen at
     # rank 1's second forward, so rank 0's join hook must take part in each of them.
     steps = {0: first, 1: 3}
-    r0, r1 = spawn(_join, args=(True, False, steps, "auto"), timeout=80, pg_timeout=20)
+    r0, r1 = spawn(_join, args=(True, False, steps, "auto", static), timeout=80, pg_timeout=20)
     ref = _join_reference(2, True, steps)
     for k in ref:
         assert torch.equal(r0[k], r1[k]), k

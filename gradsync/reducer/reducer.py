@@ -79,6 +79,7 @@ class Reducer:
         self.rebuilt = False
         self._rebuild_pending = False
         self._ready_order: list[int] = []
+        self._unused: Sequence[int] = ()
         self._ready_times: list[float] = []  # perf_counter() of each _ready_order entry (the tuner's timeline)
         self._backward_start = 0.0
         self._phase = _Phase.IDLE
@@ -132,9 +133,9 @@ class Reducer:
         values = plan.tolist()
         self.size_limits = values[len(order) :]
         self._build(values[: len(order)])
-        if self.static_graph and not self.check_desync and not self._unused:
-            for bucket in self.buckets:  # one hook per bucket's small parameters (buckets.quiet_parameters)
-                bucket.quiet = quiet_parameters(bucket, values[: len(order)])
+        if self.static_graph and self._ready_order and not self._unused and not self.check_desync:
+            for bucket in self.buckets:  # one hook per bucket's small parameters, by this rank's own ready order
+                bucket.quiet = quiet_parameters(bucket, order)
                 for i in bucket.quiet:
                     self._handles[i].remove()
         self._rebuild_pending = False
