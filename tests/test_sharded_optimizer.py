@@ -11,6 +11,7 @@ from torch import nn
 
 import gradsync
 from gradsync.optim import ShardedOptimizer, partition
+from gradsync.replicas import all_gather_shards
 from gradsync.testing import spawn
 
 KINDS = {"adam": (torch.optim.Adam, {"lr": 1e-2}), "sgd": (torch.optim.SGD, {"lr": 0.1, "momentum": 0.9})}
@@ -108,3 +109,27 @@ def _bad(rank: int, world_size: int) -> str:
 @pytest.mark.timeout(60)
 def test_state_dict_without_consolidation_says_what_to_do() -> None:
     assert "Call consolidate_state_dict(to=R) on every rank first" in spawn(_bad, timeout=50)[0]
+
+
+def _gather_shards(rank: int, world_size: int) -> list[torch.Tensor]:
+    # Three owners: mixed dtypes and sizes, and rank 2 owns nothing; everyone ends with every owner's values.
+    shapes = [[((5,), torch.float32), ((2, 3), torch.int64)], [((7,), torch.float16), ((1,), torch.float64)], []]
+    shards = [[torch.full(s, -1, dtype=d) for s, d in shard] for shard in shapes]
+    for k, t in enumerate(shards[rank]):
+        t.copy_(torch.arange(t.numel()).view_as(t) + 10 * rank + k)
+    all_gather_shards(shards, None)
+    return [t for shard in shards for t in shard]
+
+
+@pytest.mark.timeout(60)
+def test_all_gather_shards_gives_everyone_every_owners_values() -> None:
+    results = spawn(_gather_shards, world_size=3, timeout=50)
+    expected = [
+        torch.arange(5, dtype=torch.float32),
+        torch.arange(6, dtype=torch.int64).view(2, 3) + 1,
+        torch.arange(7, dtype=torch.float16) + 10,
+        torch.arange(1, dtype=torch.float64) + 11,
+    ]
+    for tensors in results:
+        for got, want in zip(tensors, expected):
+            assert got.dtype == want.dtype and torch.equal(got, want)

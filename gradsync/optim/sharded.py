@@ -2,7 +2,7 @@
 
 Each rank owns a balanced share of the parameters and keeps optimizer state (Adam's two moments, momentum) only
 for those: about 1/world of the memory. After the gradients are averaged (by DDP), each rank steps its own share
-and broadcasts the updated values to the others, so every replica stays identical and training is unchanged.
+and all-gathers the updated shards, so every replica stays identical and training is unchanged.
 Named like torch's ``ZeroRedundancyOptimizer`` (an alias is exported), whose constructor arguments it follows.
 """
 
@@ -15,8 +15,7 @@ import torch
 import torch.distributed as dist
 from torch.optim import Optimizer
 
-from gradsync.groups import resolve
-from gradsync.replicas import broadcast_tensors
+from gradsync.replicas import all_gather_shards
 
 
 def state_bytes(states: Iterable[dict[str, Any]]) -> int:
@@ -79,7 +78,7 @@ class ShardedOptimizer(Optimizer):
             {**_hyper(g), "params": [p for p in g["params"] if self.owner[index[id(p)]] == self.rank]}
             for g in self.param_groups
         ]
-        # A rank can own nothing (more ranks than parameters): it then only receives broadcasts.
+        # A rank can own nothing (more ranks than parameters): it then only receives the others' shards.
         self.local = optimizer_class(local_groups, **defaults) if self._local_to_global else None
         self._consolidated: dict[int, Any] | None = None
 
@@ -93,10 +92,8 @@ class ShardedOptimizer(Optimizer):
             for mine, full in zip(self.local.param_groups, self.param_groups):
                 mine.update(_hyper(full))  # learning-rate schedulers edit self.param_groups
             self.local.step()
-        group = resolve(self._process_group)
-        for r in range(self.world_size):
-            owned = [p for p, o in zip(self._all, self.owner) if o == r]
-            broadcast_tensors(owned, self._process_group, src=dist.get_global_rank(group, r))
+        shards = [[p for p, o in zip(self._all, self.owner) if o == r] for r in range(self.world_size)]
+        all_gather_shards(shards, self._process_group)
         return loss
 
     def local_state_bytes(self) -> int:
