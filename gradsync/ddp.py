@@ -112,7 +112,7 @@ class DistributedDataParallel(nn.Module, Joinable):
         if forward_sync_buffers is not None:
             self.forward_sync_buffers, init_sync_buffers = forward_sync_buffers, True
         else:
-            self.forward_sync_buffers = init_sync_buffers = broadcast_buffers is not False
+            self.forward_sync_buffers = init_sync_buffers = broadcast_buffers is None or bool(broadcast_buffers)
         self.batched_grad_copy = batched_grad_copy
         self.find_unused_parameters = find_unused_parameters
         self.gradient_as_bucket_view = gradient_as_bucket_view

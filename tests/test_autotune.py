@@ -105,7 +105,8 @@ def _tuned(rank: int, world_size: int) -> dict:
         opt.step()
     layouts = [None] * world_size
     dist.all_gather_object(layouts, [b.param_indices for b in ddp.reducer.buckets])
-    return {"layouts": layouts, "state": {k: v.clone() for k, v in model.state_dict().items()}}
+    described = ddp.reducer.tuning.describe()  # the caps that apply here, rank 0's, whatever this rank preferred
+    return {"layouts": layouts, "state": {k: v.clone() for k, v in model.state_dict().items()}, "tuning": described}
 
 
 @pytest.mark.timeout(90)
@@ -114,6 +115,7 @@ def test_ranks_build_rank0s_tuned_buckets_and_stay_exact() -> None:
     layouts = results[0]["layouts"]
     assert layouts[0] == layouts[1]
     assert len(layouts[0]) == 8  # 16 KiB buckets: one layer (bias + weight) each, rank 0's choice
+    assert all(r["tuning"].startswith("bucket cap 0.015625 MiB (first 0.015625 MiB)") for r in results)
     reference = _model()
     opt = torch.optim.SGD(reference.parameters(), lr=0.1)
     for step in range(STEPS):

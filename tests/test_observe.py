@@ -37,6 +37,7 @@ def _train(rank: int, world_size: int, trace: str) -> dict:
     monitor.log_to_tensorboard(Writer(), global_step=5)
     monitor.export_chrome_trace(trace)
     monitor.print_summary()
+    layout = monitor.bucket_layout()
     monitor.detach()
     ddp(torch.randn(2, 64)).sum().backward()  # detached: not recorded
     return {
@@ -45,6 +46,7 @@ def _train(rank: int, world_size: int, trace: str) -> dict:
         "nparams": len(list(model.parameters())),
         "nbytes": sum(p.numel() * 4 for p in model.parameters()),
         "breakdown": monitor.breakdown(),
+        "layout": layout,
     }
 
 
@@ -67,6 +69,8 @@ def test_events_trace_and_report(tmp_path: Path) -> None:
             f"gradsync/{k}" for k in ("forward", "backward", "exposed_comm", "optimizer", "total", "overlap", "bytes")
         }
         assert res["scalars"]["gradsync/bytes"] == res["nbytes"]
+        assert res["layout"].startswith(f"{len(steps[-1].buckets)} bucket(s) of ")
+        assert "tuned" not in res["layout"]  # an explicit bucket_cap_mb is never tuned
         b = res["breakdown"]
         assert 0.0 <= b.overlap <= 1.0
         for one in breakdowns(res["steps"]):  # per step (medians of parts need not add up to the median total)

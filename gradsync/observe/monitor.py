@@ -73,7 +73,18 @@ class Monitor:
 
             from gradsync.observe.table import summary_table
 
-            (console or Console()).print(summary_table(per_rank))
+            console = console or Console()
+            console.print(summary_table(per_rank))
+            console.print(self.bucket_layout())
+
+    def bucket_layout(self) -> str:
+        """One line on this rank's buckets and, when the tuner chose their caps, its reasoning."""
+        reducer = self.ddp.reducer
+        sizes = [b.nbytes / 2**20 for b in reducer.buckets]
+        line = f"{len(sizes)} bucket(s) of {min(sizes):.2f}-{max(sizes):.2f} MiB"
+        if reducer.tuning is not None:
+            line += f"; tuned at the rebuild: {reducer.tuning.describe()}"
+        return line
 
     def log_to_tensorboard(self, writer: Any, global_step: int) -> None:
         """Write this rank's latest median breakdown as scalars (``torch.utils.tensorboard.SummaryWriter``)."""

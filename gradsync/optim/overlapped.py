@@ -35,7 +35,7 @@ class OverlappedOptimizer(Optimizer):
 
     def __init__(self, ddp: Any, optimizer_class: type[Optimizer], **defaults: Any) -> None:
         reducer = ddp.reducer
-        if reducer.tracks_usage:
+        if reducer.usage.tracked:
             raise ValueError(
                 "OverlappedOptimizer cannot be used with find_unused_parameters=True or static_graph=True: which "
                 "parameters were used anywhere is only known after the last bucket, too late to step early. Use a "

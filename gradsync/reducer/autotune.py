@@ -69,9 +69,9 @@ class BucketTuning:
 
     def describe(self) -> str:
         first, cap = (limit / MIB for limit in self.size_limits)
-        best = min(self.predicted_s.values())
+        chosen = self.predicted_s.get(cap, self.default_s)  # this rank's estimate for the caps that apply
         return (
-            f"bucket cap {cap:g} MiB (first {first:g} MiB): backward + all-reduce predicted {best * 1e3:.1f} ms vs "
+            f"bucket cap {cap:g} MiB (first {first:g} MiB): backward + all-reduce predicted {chosen * 1e3:.1f} ms vs "
             f"{self.default_s * 1e3:.1f} ms with torch's fixed caps; link {self.link.bytes_per_s / 1e6:.0f} MB/s, "
             f"{self.link.latency_s * 1e3:.2f} ms per all-reduce"
         )

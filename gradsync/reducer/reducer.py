@@ -9,6 +9,7 @@ at the end of backward and writes the averages back, so ``.grad`` is final when 
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import time
 from collections.abc import Callable, Sequence
@@ -59,8 +60,6 @@ class Reducer:
         self.size_limits = size_limits(bucket_cap_mb)
         self.tune_buckets = autotune.tuning_enabled(bucket_cap_mb)
         self.tuning: autotune.BucketTuning | None = None  # the tuner's decision, once made
-        # Usage is tracked (and globally unused parameters left untouched) as torch does for these two modes.
-        self.tracks_usage = find_unused_parameters or static_graph
         self.usage = GlobalUsage(len(self.params), find_unused_parameters, static_graph)
         self.static_graph = static_graph
         # With a dynamic graph the ready order changes between iterations, so torch never rebuilds then.
@@ -132,6 +131,8 @@ class Reducer:
             dist.broadcast(plan, src=rank0_global(self._process_group), group=self._process_group)
         values = plan.tolist()
         self.size_limits = values[len(order) :]
+        if self.tuning is not None:  # rank 0's choice is what applies on this rank too
+            self.tuning = dataclasses.replace(self.tuning, size_limits=self.size_limits)
         self._build(values[: len(order)])
         if self.static_graph and self._ready_order and not self._unused and not self.check_desync:
             for bucket in self.buckets:  # one hook per bucket's small parameters, by this rank's own ready order

@@ -52,6 +52,8 @@ class GlobalUsage:
 
     def __init__(self, n: int, find_unused_parameters: bool, static_graph: bool) -> None:
         self.n = n
+        # Usage is tracked (and globally unused parameters left untouched) as torch does in these two modes.
+        self.tracked = find_unused_parameters or static_graph
         self.dynamic = find_unused_parameters and not static_graph
         self.static = static_graph
         self._known: list[int] | None = None  # static_graph: the first step's answer (None: all used)
