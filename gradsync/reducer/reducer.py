@@ -123,7 +123,7 @@ class Reducer:
         plan = torch.tensor(order + self.size_limits, dtype=torch.int64, device=device)
         if self.check_desync:
             desync.check(self._process_group, desync.BROADCAST_REBUILD, self.synced_steps + 1, 0, plan)
-        if self.tune_buckets:  # every rank probes the link; rank 0's choice is what the broadcast carries
+        if self.tune_buckets and dist.get_world_size(self._process_group) > 1:  # all probe; rank 0 decides
             times = (self._ready_order, self._ready_times, self._backward_start)
             self.tuning = autotune.tune(self._process_group, self.params, order, times, self.size_limits)
             plan = torch.tensor(order + self.tuning.size_limits, dtype=torch.int64, device=device)
