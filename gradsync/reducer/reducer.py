@@ -61,7 +61,6 @@ class Reducer:
         self.tune_buckets = autotune.tuning_enabled(bucket_cap_mb)
         self.tuning: autotune.BucketTuning | None = None  # the tuner's decision, once made
         self.usage = GlobalUsage(len(self.params), find_unused_parameters, static_graph)
-        self.static_graph = static_graph
         # With a dynamic graph the ready order changes between iterations, so torch never rebuilds then.
         self.rebuild_allowed = static_graph or not find_unused_parameters
         self.comm_state: Any = process_group
@@ -134,7 +133,7 @@ class Reducer:
         if self.tuning is not None:  # rank 0's choice is what applies on this rank too
             self.tuning = dataclasses.replace(self.tuning, size_limits=self.size_limits)
         self._build(values[: len(order)])
-        if self.static_graph and self._ready_order and not self._unused and not self.check_desync:
+        if self.usage.static and self._ready_order and not self._unused and not self.check_desync:
             for bucket in self.buckets:  # one hook per bucket's small parameters, by this rank's own ready order
                 bucket.quiet = quiet_parameters(bucket, order)
                 for i in bucket.quiet:

@@ -69,11 +69,10 @@ class GlobalUsage:
         """A zeroed map for this backward's hooks to mark, or None when this step needs none."""
         return bytearray(self.n) if self.reduced_this_step() else None
 
-    def start(self, used: bytearray, group, device: torch.device) -> torch.Tensor:
+    def start(self, used: bytearray, group, device: torch.device) -> None:
         """Launch the all-reduce of this rank's map (after the last bucket, so it never delays one)."""
         self._map = torch.tensor(list(used), dtype=torch.int32, device=device)
         self._work = torch.distributed.all_reduce(self._map, group=group, async_op=True)
-        return self._map
 
     def result(self) -> list[int] | None:
         """Per parameter, 0 if no rank used it; None if every parameter counts as used (the write-back's fast path)."""
