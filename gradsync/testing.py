@@ -146,3 +146,17 @@ def spawn(
     if failures:
         raise SpawnError(dict(sorted(failures.items())), outputs)
     return [outputs[r] for r in range(world_size)]
+
+
+def spawn_failures(fn: Callable[..., Any], **kwargs: Any) -> dict[int, RankFailure]:
+    """Run :func:`spawn` where at least one rank is expected to fail; return the failures by rank.
+
+    >>> failures = spawn_failures(work_that_raises, timeout=50, pg_timeout=10)  # doctest: +SKIP
+    >>> failures[0].kind
+    'RuntimeError'
+    """
+    try:
+        outputs = spawn(fn, **kwargs)
+    except SpawnError as exc:
+        return exc.failures
+    raise AssertionError(f"expected a rank of {getattr(fn, '__name__', fn)} to fail; all returned: {outputs}")

@@ -34,18 +34,20 @@ def _join(
     return {k: v.clone() for k, v in module.named_parameters()}
 
 
-def _join_reference(world_size: int, divide_by_initial: bool, steps=STEPS) -> dict:
+def _join_reference(world_size: int, divide_by_initial: bool, steps=STEPS, micro: int = 1) -> dict:
+    """One process: each step, the active ranks' losses over ``micro`` micro-batches, averaged as join() does."""
     module = build("mlp")
     opt = torch.optim.SGD(module.parameters(), lr=0.1)
     for step in range(max(steps.values())):
         active = [r for r in range(world_size) if steps[r] > step]
-        x, y = batch(step, 0, world_size)
-        losses = [
-            nn.functional.mse_loss(module(x[r * BATCH : (r + 1) * BATCH]), y[r * BATCH : (r + 1) * BATCH])
-            for r in active
-        ]
         opt.zero_grad()
-        (sum(losses) / (world_size if divide_by_initial else len(active))).backward()
+        for m in range(micro):
+            x, y = batch(step, m, world_size)
+            losses = [
+                nn.functional.mse_loss(module(x[r * BATCH : (r + 1) * BATCH]), y[r * BATCH : (r + 1) * BATCH])
+                for r in active
+            ]
+            (sum(losses) / (world_size if divide_by_initial else len(active))).backward()
         opt.step()
     return {k: v.clone() for k, v in module.named_parameters()}
 
@@ -133,17 +135,7 @@ def _join_accumulating(rank: int, world_size: int) -> dict:
 @pytest.mark.timeout(90)
 def test_no_sync_accumulation_inside_join_matches_reference() -> None:
     r0, r1 = spawn(_join_accumulating, timeout=80, pg_timeout=20)
-    module = build("mlp")
-    opt = torch.optim.SGD(module.parameters(), lr=0.1)
-    for step in range(max(ACCUM_STEPS.values())):
-        active = [r for r in range(2) if ACCUM_STEPS[r] > step]
-        opt.zero_grad()
-        for micro in range(2):
-            x, y = batch(step, micro, 2)
-            for r in active:
-                sl = slice(r * BATCH, (r + 1) * BATCH)
-                (nn.functional.mse_loss(module(x[sl]), y[sl]) / 2).backward()  # divided by the initial world size
-        opt.step()
-    for k, ref in module.named_parameters():
+    ref = _join_reference(2, True, ACCUM_STEPS, micro=2)  # divided by the initial world size
+    for k in ref:
         assert torch.equal(r0[k], r1[k]), k
-        assert (r0[k] - ref).abs().max() <= 1e-5, k
+        assert (r0[k] - ref[k]).abs().max() <= 1e-5, k

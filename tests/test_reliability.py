@@ -12,7 +12,7 @@ from models import build
 from torch import nn
 
 import gradsync
-from gradsync.testing import SpawnError, spawn
+from gradsync.testing import SpawnError, spawn, spawn_failures
 
 
 def _skip_one_backward(rank: int, world_size: int) -> None:
@@ -27,9 +27,7 @@ def _skip_one_backward(rank: int, world_size: int) -> None:
 
 @pytest.mark.timeout(60)
 def test_desync_is_named_on_every_rank() -> None:
-    with pytest.raises(SpawnError) as info:
-        spawn(_skip_one_backward, timeout=50, pg_timeout=10)
-    failures = info.value.failures
+    failures = spawn_failures(_skip_one_backward, timeout=50, pg_timeout=10)
     assert sorted(failures) == [0, 1]
     for f in failures.values():
         assert "ranks are out of step" in f.message
@@ -52,9 +50,7 @@ def _peer_dies(rank: int, world_size: int, pg_timeout: float) -> None:
 
 @pytest.mark.timeout(90)
 def test_dead_peer_fails_every_survivor_with_the_operation_named() -> None:
-    with pytest.raises(SpawnError) as info:
-        spawn(_peer_dies, world_size=3, args=(10.0,), timeout=80, pg_timeout=10)
-    failures = info.value.failures
+    failures = spawn_failures(_peer_dies, world_size=3, args=(10.0,), timeout=80, pg_timeout=10)
     assert failures[2].kind == "ProcessDied"
     for r in (0, 1):
         assert failures[r].kind == "RuntimeError"
@@ -98,8 +94,7 @@ def _peer_dies_before_forward(rank: int, world_size: int) -> None:
 
 @pytest.mark.timeout(60)
 def test_peer_death_during_buffer_broadcast_is_named() -> None:
-    with pytest.raises(SpawnError) as info:
-        spawn(_peer_dies_before_forward, timeout=50, pg_timeout=10)
-    message = info.value.failures[0].message
+    failures = spawn_failures(_peer_dies_before_forward, timeout=50, pg_timeout=10)
+    message = failures[0].message
     assert "broadcast of 3 module buffers before forward failed on rank 0" in message
     assert "rank(s) [1] reported nothing" in message
