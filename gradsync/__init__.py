@@ -3,6 +3,7 @@
 from gradsync.comm.grad_bucket import GradBucket
 from gradsync.data import DistributedLoader, DistributedSampler
 from gradsync.ddp import DistributedDataParallel
+from gradsync.errors import GradsyncError
 from gradsync.optim import ShardedOptimizer, ZeroRedundancyOptimizer
 from gradsync.runtime import checkpoint
 from gradsync.runtime.env import DistInfo, init, shutdown
@@ -15,6 +16,7 @@ __all__ = [
     "DistributedLoader",
     "DistributedSampler",
     "GradBucket",
+    "GradsyncError",
     "ShardedOptimizer",
     "ZeroRedundancyOptimizer",
     "__version__",

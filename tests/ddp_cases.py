@@ -8,13 +8,12 @@ import dataclasses
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from models import IN, OUT, build, loss_fn
 from torch import nn
 
 import gradsync
+from gradsync.collectives import Communicator, Op, broadcast_tensors
 from gradsync.reducer.naive import average_gradients
-from gradsync.replicas import broadcast_tensors
 
 BATCH = 4  # per rank
 
@@ -69,7 +68,7 @@ def _train_distributed(case: Case, rank: int, world_size: int, wrap) -> tuple[nn
             elif ddp is not None:
                 ddp.require_backward_grad_sync = last
             if ddp is None and last:
-                broadcast_tensors(list(module.buffers()), dist.group.WORLD)
+                broadcast_tensors(Communicator(), Op.BUFFER_BROADCAST, list(module.buffers()))
             with ctx:
                 loss = lossf(model(xr, **forward_kwargs(case, rank)), yr) / case.micro
                 loss.backward()
@@ -93,7 +92,9 @@ def run_case(rank: int, world_size: int, case: Case) -> dict[str, Any]:
         return ddp, ddp
 
     def naive(m):
-        broadcast_tensors([p.detach() for p in m.parameters()] + list(m.buffers()), dist.group.WORLD)
+        broadcast_tensors(
+            Communicator(), Op.INITIAL_BROADCAST, [p.detach() for p in m.parameters()] + list(m.buffers())
+        )
         return m, None
 
     variants = {"gradsync": ours, "naive": naive}

@@ -9,9 +9,11 @@ import torch.distributed as dist
 from torch import nn
 
 import gradsync
-from gradsync.reducer import autotune
+from gradsync.reducer import autotune, rebuild
 from gradsync.reducer.autotune import LinkCost, choose_size_limits, predict_finish, ready_seconds
 from gradsync.reducer.buckets import MIB
+from gradsync.reducer.layout import BucketLayout
+from gradsync.reducer.rebuild import Trial
 from gradsync.testing import spawn
 
 DEFAULT = [MIB, 25 * MIB]
@@ -40,8 +42,8 @@ def test_slow_link_and_late_single_bucket_chooses_smaller_buckets() -> None:
     ready = [0.025 * (k + 1) for k in range(24)]
     link = LinkCost(latency_s=2e-4, bytes_per_s=110e6)  # ~1 Gbit/s
     tuning = choose_size_limits(params, list(range(24)), ready, DEFAULT, link)
-    assert tuning.size_limits != DEFAULT
-    assert tuning.size_limits[1] <= 4 * MIB
+    assert tuning.proposed_limits != DEFAULT and tuning.size_limits == DEFAULT  # proposed; in force once measured
+    assert tuning.proposed_limits[1] <= 4 * MIB
     assert min(tuning.predicted_s.values()) < 0.9 * tuning.default_s
     assert "MiB" in tuning.describe() and "MB/s" in tuning.describe()
 
@@ -51,7 +53,7 @@ def test_fast_link_keeps_torchs_default() -> None:
     ready = [0.025 * (k + 1) for k in range(24)]
     link = LinkCost(latency_s=5e-5, bytes_per_s=20e9)  # communication is nearly free: nothing to gain
     tuning = choose_size_limits(params, list(range(24)), ready, DEFAULT, link)
-    assert tuning.size_limits == DEFAULT
+    assert tuning.proposed_limits == DEFAULT
 
 
 def test_latency_bound_link_keeps_large_buckets() -> None:
@@ -60,7 +62,8 @@ def test_latency_bound_link_keeps_large_buckets() -> None:
     ready = [1e-4 * (k + 1) for k in range(400)]
     link = LinkCost(latency_s=5e-3, bytes_per_s=10e9)
     tuning = choose_size_limits(params, list(range(400)), ready, DEFAULT, link)
-    assert tuning.size_limits == DEFAULT
+    assert tuning.proposed_limits == DEFAULT
+    assert "torch's: no cap predicted to save 5%" in tuning.describe()
 
 
 def test_ready_seconds_fills_never_ready_with_the_end() -> None:
@@ -71,11 +74,36 @@ def test_ready_seconds_fills_never_ready_with_the_end() -> None:
 def test_tuning_enabled(monkeypatch: pytest.MonkeyPatch) -> None:
     assert autotune.tuning_enabled(None) and autotune.tuning_enabled("auto")
     assert not autotune.tuning_enabled(25)
-    monkeypatch.setenv("GRADSYNC_BUCKET_TUNING", "0")
-    assert not autotune.tuning_enabled(None) and autotune.tuning_enabled("auto")
+    for off in ("0", "off", "False", "no"):
+        monkeypatch.setenv("GRADSYNC_BUCKET_TUNING", off)
+        assert not autotune.tuning_enabled(None) and autotune.tuning_enabled("auto")
+    monkeypatch.setenv("GRADSYNC_BUCKET_TUNING", "maybe")
+    with pytest.raises(gradsync.GradsyncError, match="GRADSYNC_BUCKET_TUNING='maybe' is not a boolean"):
+        autotune.tuning_enabled(None)
 
 
-STEPS = 4
+def _layout(limits: list[int]) -> BucketLayout:
+    return BucketLayout(_grads(0.5, 4), [3, 2, 1, 0], limits, as_view=False)
+
+
+def test_trial_alternates_and_keeps_only_a_measured_gain() -> None:
+    proposed, default = _layout([MIB // 2, MIB // 2]), _layout(DEFAULT)
+    trial = Trial(proposed, default, pairs=3)
+    seen = []
+    for seconds in (0.9, 1.0, 0.95, 1.0, 2.0, 1.0):  # one outlier under the proposal: the median ignores it
+        seen.append(trial.next_layout())
+        trial.add(seconds)
+    assert seen == [proposed, default] * 3 and trial.complete
+    result = trial.result()
+    assert result.pairs == 3 and result.ratio == pytest.approx(0.95) and result.kept
+    assert "measured 0.950x over 3 paired steps" in result.describe()
+    slower = Trial(proposed, default, pairs=2)
+    for seconds in (1.0, 1.0, 0.99, 1.0):  # 0.995x: within this machine's noise, not a gain
+        slower.add(seconds)
+    assert not slower.result().kept
+
+
+STEPS = 5
 
 
 def _model() -> nn.Module:
@@ -88,34 +116,35 @@ def _data(step: int, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.randn(4, 64, generator=g), torch.randn(4, 64, generator=g)
 
 
-def _tuned(rank: int, world_size: int) -> dict:
-    # Each rank would decide differently (rank 0: 16 KiB buckets, rank 1: keep the default); rank 0's plan wins.
+def _tuned(rank: int, world_size: int, keep_on_rank0: bool) -> dict:
+    # Each rank would decide differently (rank 0: propose 16 KiB buckets; rank 1: keep the default); rank 0's
+    # proposal is tried for one pair of steps, and rank 0's verdict on the measurement is what every rank applies.
+    rebuild.TRIAL_PAIRS = 1
     if rank == 0:
         autotune.CANDIDATE_CAPS_MB = (1 / 64,)
-        autotune.MIN_GAIN = -1e9  # always switch
+        autotune.MIN_GAIN = -1e9  # always propose
+        rebuild.KEEP_MARGIN = -1e9 if keep_on_rank0 else 1e9
     else:
-        autotune.MIN_GAIN = 2.0  # never switch
+        autotune.MIN_GAIN = 2.0  # never propose
+        rebuild.KEEP_MARGIN = 1e9 if keep_on_rank0 else -1e9
     model = _model()
     ddp = gradsync.DistributedDataParallel(model)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    layouts = []
     for step in range(STEPS):
         x, y = _data(step, rank)
         opt.zero_grad()
         nn.functional.mse_loss(ddp(x), y).backward()
         opt.step()
-    layouts = [None] * world_size
-    dist.all_gather_object(layouts, [b.param_indices for b in ddp.reducer.buckets])
+        layouts.append(len(ddp.reducer.buckets))
+    everyone = [None] * world_size
+    dist.all_gather_object(everyone, [b.param_indices for b in ddp.reducer.buckets])
     described = ddp.reducer.tuning.describe()  # the caps that apply here, rank 0's, whatever this rank preferred
-    return {"layouts": layouts, "state": {k: v.clone() for k, v in model.state_dict().items()}, "tuning": described}
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    return {"final": everyone, "per_step": layouts, "state": state, "tuning": described}
 
 
-@pytest.mark.timeout(90)
-def test_ranks_build_rank0s_tuned_buckets_and_stay_exact() -> None:
-    results = spawn(_tuned, timeout=80)
-    layouts = results[0]["layouts"]
-    assert layouts[0] == layouts[1]
-    assert len(layouts[0]) == 8  # 16 KiB buckets: one layer (bias + weight) each, rank 0's choice
-    assert all(r["tuning"].startswith("bucket cap 0.015625 MiB (first 0.015625 MiB)") for r in results)
+def _reference_state() -> dict:
     reference = _model()
     opt = torch.optim.SGD(reference.parameters(), lr=0.1)
     for step in range(STEPS):
@@ -125,6 +154,24 @@ def test_ranks_build_rank0s_tuned_buckets_and_stay_exact() -> None:
         opt.zero_grad()
         nn.functional.mse_loss(reference(x), y).backward()
         opt.step()
+    return reference.state_dict()
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("keep", [True, False])
+def test_ranks_try_rank0s_proposal_and_apply_rank0s_verdict(keep: bool) -> None:
+    results = spawn(_tuned, args=(keep,), timeout=80)
+    final = results[0]["final"]
+    assert final[0] == final[1]
+    # Step 1: torch's first layout (one bucket); steps 2 and 3: the proposal (8 buckets of 16 KiB, one layer each)
+    # and torch's caps in the observed order, alternated; from step 4 on: rank 0's verdict.
+    expected_final = 8 if keep else 1
+    assert all(r["per_step"] == [1, 8, 1, expected_final, expected_final] for r in results), results
+    assert len(final[0]) == expected_final
+    verdict = "kept" if keep else "rejected"
+    for r in results:
+        assert r["tuning"].startswith(f"bucket cap {0.015625 if keep else 25:g} MiB"), r["tuning"]
+        assert "0.015625 MiB proposed" in r["tuning"] and "paired steps" in r["tuning"] and verdict in r["tuning"]
     for result in results:
-        for name, value in reference.state_dict().items():
+        for name, value in _reference_state().items():
             torch.testing.assert_close(result["state"][name], value, rtol=0, atol=1e-5)

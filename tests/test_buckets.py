@@ -58,13 +58,13 @@ def test_bucket_views_tile_the_buffer() -> None:
         torch.nn.Parameter(torch.randn(5)),
         torch.nn.Parameter(torch.randn(2, 2)),
     ]
-    bucket = Bucket(0, [2, 0], params)
+    bucket = Bucket(0, [2, 0], params, as_view=False)
     assert bucket.buffer.numel() == 4 + 12
     assert [v.shape for v in bucket.views] == [params[2].shape, params[0].shape]
     bucket.views[0].fill_(1.0)
     bucket.views[1].fill_(2.0)
     assert bucket.buffer.tolist() == [1.0] * 4 + [2.0] * 12
-    assert bucket.pending == 2
+    assert bucket.hooked_count == 2
 
 
 def test_size_limits_default_explicit_and_auto() -> None:
@@ -96,13 +96,11 @@ def test_gather_small_grads_puts_every_gradient_in_its_slot(shapes: list, as_vie
     if missing:
         params[-1].grad = None  # no gradient: its slot is zeroed
     expected = [None if p.grad is None else p.grad.clone() / 2 for p in params]
-    bucket = Bucket(0, list(range(len(params))), params)
+    bucket = Bucket(0, list(range(len(params))), params, as_view)
     for slot, eager in enumerate(bucket.eager):  # the large ones arrive first, one by one
-        if eager and as_view:
-            bucket.adopt_grad(slot, 2)
-        elif eager:
-            bucket.copy_grad(slot, 2)
-    bucket.gather_small_grads(2, as_view)
+        if eager:
+            bucket.take(slot, 2)
+    bucket.gather_small_grads(2)
     for p, view in zip(bucket.params, bucket.views):
         want = expected[next(i for i, q in enumerate(params) if q is p)]
         assert torch.equal(view, torch.zeros_like(view) if want is None else want)

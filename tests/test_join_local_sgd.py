@@ -4,6 +4,7 @@ replicas identical right after each averaging and averages exactly."""
 from __future__ import annotations
 
 import contextlib
+import os
 
 import pytest
 import torch
@@ -139,3 +140,36 @@ def test_no_sync_accumulation_inside_join_matches_reference() -> None:
     for k in ref:
         assert torch.equal(r0[k], r1[k]), k
         assert (r0[k] - ref[k]).abs().max() <= 1e-5, k
+
+
+UNEVEN = {0: 3, 1: 6, 2: 4}
+MODES = {"plain": {}, "find_unused": {"find_unused_parameters": True}, "static": {"static_graph": True}}
+
+
+def _join_modes(rank: int, world_size: int, mode: str, debug: bool) -> dict:
+    # GRADSYNC_DEBUG fingerprints every collective; a joined rank shadows the others through the same code, so
+    # its fingerprints match theirs and the debug run trains exactly as the plain one.
+    os.environ["GRADSYNC_DEBUG"] = "1" if debug else "0"
+    module = build("bn")  # Linear - BatchNorm1d - Linear: buffers are broadcast before each synced forward
+    ddp = gradsync.DistributedDataParallel(module, bucket_cap_mb=0.0005, **MODES[mode])
+    opt = torch.optim.SGD(module.parameters(), lr=0.1)
+    sl = slice(rank * BATCH, (rank + 1) * BATCH)
+    with ddp.join():
+        for step in range(UNEVEN[rank]):
+            x, y = batch(step, 0, world_size)
+            opt.zero_grad()
+            nn.functional.mse_loss(ddp(x[sl]), y[sl]).backward()
+            opt.step()
+    return {k: v.clone() for k, v in module.state_dict().items()}
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("world_size", [2, 3])
+@pytest.mark.parametrize("mode", sorted(MODES))
+def test_join_under_debug_equals_join_without(world_size: int, mode: str) -> None:
+    plain = spawn(_join_modes, world_size=world_size, args=(mode, False), timeout=50, pg_timeout=15)
+    debug = spawn(_join_modes, world_size=world_size, args=(mode, True), timeout=50, pg_timeout=15)
+    for rank in range(world_size):
+        for k in plain[0]:
+            assert torch.equal(plain[rank][k], plain[0][k]), (rank, k)  # everyone ends with the last joiner's model
+            assert torch.equal(debug[rank][k], plain[rank][k]), (rank, k)

@@ -33,6 +33,7 @@ def test_desync_is_named_on_every_rank() -> None:
         assert "ranks are out of step" in f.message
         assert "rank 0: all-reduce of bucket 0" in f.message and "in synced step 2" in f.message
         assert "rank 1: broadcast of module buffers" in f.message and "in synced step 3" in f.message
+        assert f.kind == "DesyncError"
 
 
 def _peer_dies(rank: int, world_size: int, pg_timeout: float) -> None:
@@ -53,7 +54,7 @@ def test_dead_peer_fails_every_survivor_with_the_operation_named() -> None:
     failures = spawn_failures(_peer_dies, world_size=3, args=(10.0,), timeout=80, pg_timeout=10)
     assert failures[2].kind == "ProcessDied"
     for r in (0, 1):
-        assert failures[r].kind == "RuntimeError"
+        assert failures[r].kind == "CollectiveError"
         assert "all-reduce of bucket 0 of 1" in failures[r].message and f"failed on rank {r}" in failures[r].message
         assert "params: 1.bias, 1.weight, 0.bias, 0.weight" in failures[r].message
 
@@ -96,5 +97,5 @@ def _peer_dies_before_forward(rank: int, world_size: int) -> None:
 def test_peer_death_during_buffer_broadcast_is_named() -> None:
     failures = spawn_failures(_peer_dies_before_forward, timeout=50, pg_timeout=10)
     message = failures[0].message
-    assert "broadcast of 3 module buffers before forward failed on rank 0" in message
+    assert "broadcast of module buffers before forward (3 tensors" in message and "failed on rank 0" in message
     assert "rank(s) [1] reported nothing" in message

@@ -10,8 +10,8 @@ from models import build
 from torch import nn
 
 import gradsync
+from gradsync.collectives import Communicator, Op, all_gather_shards
 from gradsync.optim import ShardedOptimizer, partition
-from gradsync.replicas import all_gather_shards
 from gradsync.testing import spawn
 
 KINDS = {"adam": (torch.optim.Adam, {"lr": 1e-2}), "sgd": (torch.optim.SGD, {"lr": 0.1, "momentum": 0.9})}
@@ -117,7 +117,7 @@ def _gather_shards(rank: int, world_size: int) -> list[torch.Tensor]:
     shards = [[torch.full(s, -1, dtype=d) for s, d in shard] for shard in shapes]
     for k, t in enumerate(shards[rank]):
         t.copy_(torch.arange(t.numel()).view_as(t) + 10 * rank + k)
-    all_gather_shards(shards, None)
+    all_gather_shards(Communicator(), Op.SHARD_ALLGATHER, shards)
     return [t for shard in shards for t in shard]
 
 

@@ -13,8 +13,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from gradsync.collectives.groups import resolve
 from gradsync.comm.grad_bucket import GradBucket
-from gradsync.groups import resolve
 
 Hook = Callable[[Any, GradBucket], torch.futures.Future]
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from gradsync.collectives.groups import resolve
 from gradsync.comm.grad_bucket import GradBucket
-from gradsync.groups import resolve
 
 
 def allreduce_hook(process_group: dist.ProcessGroup | None, bucket: GradBucket) -> torch.futures.Future[torch.Tensor]:

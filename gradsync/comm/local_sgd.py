@@ -13,9 +13,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from gradsync.collectives.communicator import Communicator, Op
+from gradsync.collectives.tensors import average_tensors
 from gradsync.comm.default_hooks import allreduce_hook
 from gradsync.comm.grad_bucket import GradBucket
-from gradsync.replicas import average_tensors
 
 
 class PostLocalSGD:
@@ -57,10 +58,11 @@ class PostLocalSGD:
         self.step_count += 1
         due = self.step_count > self.warmup_steps and (self.step_count - self.warmup_steps) % self.period == 0
         if due:
-            average_tensors([p.detach() for p in self.ddp.module.parameters()], self.ddp.process_group)
+            params = [p.detach() for p in self.ddp.module.parameters()]
+            average_tensors(self.ddp.communicator, Op.PARAMETER_AVERAGE, params)
         return due
 
 
 def average_parameters(module: torch.nn.Module, process_group: dist.ProcessGroup | None = None) -> None:
     """Replace every parameter of ``module`` by its mean over ``process_group`` (one all-reduce per dtype)."""
-    average_tensors([p.detach() for p in module.parameters()], process_group)
+    average_tensors(Communicator(process_group), Op.PARAMETER_AVERAGE, [p.detach() for p in module.parameters()])

@@ -11,6 +11,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from gradsync.collectives.communicator import Op
 from gradsync.observe.breakdown import StepBreakdown, median_breakdown
 from gradsync.observe.recorder import StepRecord, StepRecorder
 from gradsync.observe.trace import write_chrome_trace
@@ -31,7 +32,7 @@ class Monitor:
     def __init__(self, ddp: Any, optimizer: torch.optim.Optimizer | None = None, max_steps: int = 10_000) -> None:
         self.ddp = ddp
         self.recorder = StepRecorder(max_steps)
-        ddp.reducer.observer = self.recorder
+        ddp.attach_recorder(self.recorder)
         self._handles = []
         if optimizer is not None:
             self._handles.append(optimizer.register_step_pre_hook(lambda *_: self.recorder.optimizer_start()))
@@ -39,7 +40,7 @@ class Monitor:
 
     def detach(self) -> None:
         """Stop recording (the reducer goes back to its zero-cost path)."""
-        self.ddp.reducer.observer = None
+        self.ddp.detach_recorder()
         for handle in self._handles:
             handle.remove()
         self._handles = []
@@ -54,10 +55,9 @@ class Monitor:
 
     def gather(self) -> dict[int, list[StepRecord]]:
         """Every rank's step records, on every rank (a collective: call on all ranks)."""
-        group = self.ddp.process_group
-        everyone: list = [None] * dist.get_world_size(group)
-        dist.all_gather_object(everyone, self.recorder.steps, group=group)
-        return {dist.get_global_rank(group, i): steps for i, steps in enumerate(everyone)}
+        comm = self.ddp.communicator
+        everyone = comm.all_gather_object(Op.MONITOR_GATHER, self.recorder.steps)
+        return {comm.global_rank(i): steps for i, steps in enumerate(everyone)}
 
     def export_chrome_trace(self, path: str | os.PathLike) -> None:
         """Write all ranks' timelines into one Chrome-trace JSON (collective; rank 0 writes)."""

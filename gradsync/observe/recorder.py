@@ -35,7 +35,28 @@ class StepRecord:
     buckets: list[BucketRecord] = dataclasses.field(default_factory=list)
 
 
-class StepRecorder:
+class Recorder:
+    """The events DDP and the reducer report, in the order they happen in a step. This base ignores them all: it is
+    what a model without a Monitor reports to, so the reducer never tests whether one is attached."""
+
+    def forward_start(self) -> None: ...
+
+    def forward_end(self) -> None: ...
+
+    def backward_start(self, buckets: list) -> None: ...
+
+    def bucket_ready(self, k: int) -> None: ...
+
+    def bucket_launched(self, k: int, future: torch.futures.Future) -> None: ...
+
+    def poll(self) -> None: ...
+
+    def backward_end(self) -> None: ...
+
+    def comm_end(self) -> None: ...
+
+
+class StepRecorder(Recorder):
     """Receives events; keeps the last ``max_steps`` steps. Attach with :class:`gradsync.observe.Monitor`."""
 
     def __init__(self, max_steps: int = 10_000) -> None:

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from torch.optim import Optimizer
 
+from gradsync.errors import ConfigError
 from gradsync.optim.sharded import state_bytes
 from gradsync.reducer.buckets import Bucket
 
@@ -35,17 +36,14 @@ class OverlappedOptimizer(Optimizer):
 
     def __init__(self, ddp: Any, optimizer_class: type[Optimizer], **defaults: Any) -> None:
         reducer = ddp.reducer
-        if reducer.usage.tracked:
-            raise ValueError(
-                "OverlappedOptimizer cannot be used with find_unused_parameters=True or static_graph=True: which "
-                "parameters were used anywhere is only known after the last bucket, too late to step early. Use a "
-                "plain optimizer there."
-            )
-        params = list(ddp.reducer.params)
+        params = list(reducer.params)
         super().__init__(params, defaults)
         self._inner = {p: optimizer_class([p], **defaults) for p in params}
         self._index = {p: i for i, p in enumerate(params)}
-        reducer.bucket_reduced = self._step_bucket
+        try:
+            reducer.on_bucket_reduced(self._step_bucket)
+        except ConfigError as error:
+            raise ConfigError(f"OverlappedOptimizer: {error.message} Use a plain optimizer there.") from None
 
     @torch.no_grad()
     def _step_bucket(self, bucket: Bucket) -> None:

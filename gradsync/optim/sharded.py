@@ -15,7 +15,9 @@ import torch
 import torch.distributed as dist
 from torch.optim import Optimizer
 
-from gradsync.replicas import all_gather_shards
+from gradsync import settings
+from gradsync.collectives.communicator import Communicator, Op
+from gradsync.collectives.tensors import all_gather_shards
 
 
 def state_bytes(states: Iterable[dict[str, Any]]) -> int:
@@ -59,7 +61,7 @@ class ShardedOptimizer(Optimizer):
         **defaults: Any,
     ) -> None:
         super().__init__(params, defaults)
-        self._process_group = process_group
+        self._comm = Communicator(process_group, check_desync=settings.debug())
         self.optimizer_class = optimizer_class
         self._all = [p for g in self.param_groups for p in g["params"]]
         devices = {p.device for p in self._all}
@@ -67,8 +69,8 @@ class ShardedOptimizer(Optimizer):
             raise ValueError(
                 f"ShardedOptimizer: all parameters must be on one device, found {sorted(map(str, devices))}"
             )
-        self.world_size = dist.get_world_size(process_group)
-        self.rank = dist.get_rank(process_group)
+        self.world_size = self._comm.size
+        self.rank = self._comm.rank
         self.owner = partition([p.numel() for p in self._all], self.world_size)
         index = {id(p): i for i, p in enumerate(self._all)}
         self._local_to_global = [
@@ -93,7 +95,7 @@ class ShardedOptimizer(Optimizer):
                 mine.update(_hyper(full))  # learning-rate schedulers edit self.param_groups
             self.local.step()
         shards = [[p for p, o in zip(self._all, self.owner) if o == r] for r in range(self.world_size)]
-        all_gather_shards(shards, self._process_group)
+        all_gather_shards(self._comm, Op.SHARD_ALLGATHER, shards)
         return loss
 
     def local_state_bytes(self) -> int:
@@ -104,8 +106,7 @@ class ShardedOptimizer(Optimizer):
         """Collect every rank's shard of the state on rank ``to`` (a collective: call it on every rank)."""
         local = self.local.state_dict()["state"] if self.local is not None else {}
         mine = {self._local_to_global[i]: s for i, s in local.items()}
-        shards: list = [None] * self.world_size
-        dist.all_gather_object(shards, mine, group=self._process_group)
+        shards = self._comm.all_gather_object(Op.STATE_GATHER, mine)
         self._consolidated = {k: v for shard in shards for k, v in shard.items()} if self.rank == to else None
 
     def state_dict(self) -> dict[str, Any]:

@@ -10,26 +10,25 @@ Bayesian optimisation. gradsync tunes once, at the bucket rebuild after iteratio
    link's latency and throughput;
 3. rank 0 replays the backward timeline for each candidate cap: buckets launch in order once full and run one at a
    time, each costing ``latency + bytes / throughput``; the predicted end of the last all-reduce is the score;
-4. the cap is changed only if it is predicted to save at least ``MIN_GAIN`` of backward + communication time, and
-   among candidates within ``TIE`` of the best the largest wins (fewer buckets, fewer launches). Rank 0's choice
+4. a cap is proposed only if it is predicted to save at least ``MIN_GAIN`` of backward + communication time, and
+   among candidates within ``TIE`` of the best the largest wins (fewer buckets, fewer launches). Rank 0's proposal
    travels in the rebuild broadcast, so every rank builds identical buckets.
+
+The model is a hypothesis: it assumes communication overlaps backward for free, which is false where gloo's
+reductions and copies compete with backward for the same cores. So a proposal is only adopted once real steps
+confirm it (:mod:`gradsync.reducer.rebuild` alternates it with torch's caps and keeps the faster).
 """
 
 from __future__ import annotations
 
-import logging
-import os
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
-import torch.distributed as dist
 
-from gradsync.peer_errors import named_collective
+from gradsync import settings
+from gradsync.collectives.communicator import Communicator, Op
 from gradsync.reducer.buckets import MIB, assign_buckets
-
-log = logging.getLogger("gradsync")
 
 CANDIDATE_CAPS_MB = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 25.0)
 # The large probe: at least 1 MiB (else its time is mostly latency and the throughput estimate is noise), at most
@@ -41,9 +40,9 @@ TIE = 0.01
 
 
 def tuning_enabled(bucket_cap_mb: object) -> bool:
-    """``"auto"`` tunes; None (torch's default) tunes unless ``GRADSYNC_BUCKET_TUNING=0``; a number never does."""
+    """``"auto"`` tunes; None (torch's default) tunes unless ``GRADSYNC_BUCKET_TUNING`` is off; a number never does."""
     if bucket_cap_mb is None:
-        return os.environ.get("GRADSYNC_BUCKET_TUNING", "1") != "0"
+        return settings.bucket_tuning()
     return bucket_cap_mb == "auto"
 
 
@@ -59,59 +58,79 @@ class LinkCost:
 
 
 @dataclass(frozen=True)
-class BucketTuning:
-    """The tuner's decision and its evidence (``ddp.reducer.tuning``), for logs and reports."""
+class TrialResult:
+    """Real synced steps (first gradient to ``.grad`` final) under the proposed caps and under torch's, alternated."""
 
-    size_limits: list[int]
-    predicted_s: dict[float, float]  # candidate cap (MiB) -> predicted end of the last all-reduce after backward start
-    default_s: float
-    link: LinkCost
+    pairs: int
+    proposed_s: float  # median step under the proposed caps
+    default_s: float  # median step under torch's caps
+    ratio: float  # median of the paired ratios proposed / default
+    kept: bool
 
     def describe(self) -> str:
-        first, cap = (limit / MIB for limit in self.size_limits)
-        chosen = self.predicted_s.get(cap, self.default_s)  # this rank's estimate for the caps that apply
+        verdict = "kept" if self.kept else "rejected"
         return (
-            f"bucket cap {cap:g} MiB (first {first:g} MiB): backward + all-reduce predicted {chosen * 1e3:.1f} ms vs "
-            f"{self.default_s * 1e3:.1f} ms with torch's fixed caps; link {self.link.bytes_per_s / 1e6:.0f} MB/s, "
-            f"{self.link.latency_s * 1e3:.2f} ms per all-reduce"
+            f"measured {self.ratio:.3f}x over {self.pairs} paired steps ({self.proposed_s * 1e3:.1f} vs "
+            f"{self.default_s * 1e3:.1f} ms): {verdict}"
         )
 
 
+@dataclass(frozen=True)
+class BucketTuning:
+    """The tuner's decision and its evidence (``ddp.reducer.tuning``), for logs and reports."""
+
+    size_limits: list[int]  # the caps in force (first bucket, the others)
+    default_limits: list[int]  # torch's caps
+    proposed_limits: list[int]  # what the cost model proposed (torch's caps when nothing was predicted to gain)
+    predicted_s: dict[float, float]  # candidate cap (MiB) -> predicted end of the last all-reduce after backward start
+    default_s: float
+    link: LinkCost
+    trial: TrialResult | None = None  # None: nothing to check, or the check has not finished
+
+    def describe(self) -> str:
+        first, cap = (limit / MIB for limit in self.size_limits)
+        text = f"bucket cap {cap:g} MiB (first {first:g} MiB)"
+        best = min(self.predicted_s, key=self.predicted_s.__getitem__)
+        if self.proposed_limits == self.default_limits:
+            text += (
+                f", torch's: no cap predicted to save {MIN_GAIN:.0%} (best {best:g} MiB: "
+                f"{self.predicted_s[best] * 1e3:.1f} vs {self.default_s * 1e3:.1f} ms)"
+            )
+        else:
+            proposed = self.proposed_limits[1] / MIB
+            predicted = self.predicted_s.get(proposed, self.default_s)  # this rank's estimate for rank 0's proposal
+            text += (
+                f"; {proposed:g} MiB proposed, backward + all-reduce predicted {predicted * 1e3:.1f} ms vs "
+                f"{self.default_s * 1e3:.1f} ms with torch's caps, "
+                + (self.trial.describe() if self.trial is not None else "being measured")
+            )
+        link = self.link
+        return text + f"; link {link.bytes_per_s / 1e6:.0f} MB/s, {link.latency_s * 1e3:.2f} ms per all-reduce"
+
+
 def tune(
-    process_group: dist.ProcessGroup | None,
+    comm: Communicator,
     params: Sequence[torch.Tensor],
     order: Sequence[int],
     times: tuple[Sequence[int], Sequence[float], float],
     default_limits: Sequence[int],
 ) -> BucketTuning:
-    """Probe the link (every rank must call this) and choose caps for ``params`` bucketed in ``order``.
+    """Probe the link (every rank must call this) and propose caps for ``params`` bucketed in ``order``.
 
     ``times``: iteration 1's ready order, the perf_counter() of each entry, and the backward's start.
     """
-    device = params[0].device
-    with named_collective("link probe of the bucket-size tuner"):
-        link = probe_link(process_group, device, sum(p.numel() * p.element_size() for p in params))
+    link = probe_link(comm, params[0].device, sum(p.numel() * p.element_size() for p in params))
     ready_s = ready_seconds(len(params), *times)
-    tuning = choose_size_limits(params, order, ready_s, default_limits, link)
-    if dist.get_rank(process_group) == 0:
-        log.info("gradsync: %s", tuning.describe())
-    return tuning
+    return choose_size_limits(params, order, ready_s, default_limits, link)
 
 
-def probe_link(process_group: dist.ProcessGroup | None, device: torch.device, grad_bytes: int) -> LinkCost:
+def probe_link(comm: Communicator, device: torch.device, grad_bytes: int) -> LinkCost:
     """Time all-reduces of 1 element and of ``grad_bytes`` clamped to ``PROBE_BYTES``. Every rank must call it."""
     small = torch.zeros(1, device=device)
     large = torch.zeros(min(max(grad_bytes, PROBE_BYTES[0]), PROBE_BYTES[1]) // 4, device=device)
 
     def best_of(tensor: torch.Tensor) -> float:
-        best = float("inf")
-        for _ in range(PROBE_REPEATS):
-            _synchronize(device)
-            start = time.perf_counter()
-            dist.all_reduce(tensor, group=process_group)
-            _synchronize(device)  # NCCL returns once enqueued; the time that matters is the stream's
-            best = min(best, time.perf_counter() - start)
-        return best
+        return min(comm.timed_all_reduce(Op.LINK_PROBE, tensor) for _ in range(PROBE_REPEATS))
 
     latency = best_of(small)
     transfer = max(best_of(large) - latency, 1e-9)
@@ -155,23 +174,18 @@ def choose_size_limits(
     default_limits: Sequence[int],
     link: LinkCost,
 ) -> BucketTuning:
-    """Pick byte limits (first bucket, others) for ``params`` bucketed in ``order`` (see the module docstring)."""
+    """Propose byte limits (first bucket, others) for ``params`` bucketed in ``order`` (see the module docstring)."""
     default_s = predict_finish(params, order, ready_s, default_limits, link)
     candidates = {cap: _limits(cap) for cap in CANDIDATE_CAPS_MB}
     predicted = {cap: predict_finish(params, order, ready_s, limits, link) for cap, limits in candidates.items()}
     best = min(predicted.values())
-    chosen = list(default_limits)
+    proposed = list(default_limits)
     if best <= default_s * (1 - MIN_GAIN):
         cap = max(c for c, seconds in predicted.items() if seconds <= best * (1 + TIE))
-        chosen = candidates[cap]
-    return BucketTuning(chosen, predicted, default_s, link)
+        proposed = candidates[cap]
+    return BucketTuning(list(default_limits), list(default_limits), proposed, predicted, default_s, link)
 
 
 def _limits(cap_mb: float) -> list[int]:
     cap = int(cap_mb * MIB)
     return [min(cap, MIB), cap]  # torch's small first bucket, so communication starts early
-
-
-def _synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)

@@ -10,6 +10,8 @@ from collections.abc import Sequence
 
 import torch
 
+from gradsync.errors import ConfigError
+
 MIB = 1024 * 1024
 DEFAULT_BUCKET_CAP_MB = 25.0
 # torch's dist._DEFAULT_FIRST_BUCKET_BYTES: the first-launched bucket is small so communication starts early.
@@ -36,10 +38,10 @@ def size_limits(bucket_cap_mb: float | str | Sequence[float] | None) -> list[int
         return [DEFAULT_FIRST_BUCKET_BYTES, int(DEFAULT_BUCKET_CAP_MB * MIB)]
     if isinstance(bucket_cap_mb, Sequence) and not isinstance(bucket_cap_mb, str):
         if not bucket_cap_mb or not all(cap > 0 for cap in bucket_cap_mb):
-            raise ValueError(f"bucket_cap_mb_list must hold caps > 0 (MiB per bucket), got {list(bucket_cap_mb)}")
+            raise ConfigError(f"bucket_cap_mb_list must hold caps > 0 (MiB per bucket), got {list(bucket_cap_mb)}")
         return [max(int(cap * MIB), 1) for cap in bucket_cap_mb]
     if isinstance(bucket_cap_mb, str) or not bucket_cap_mb > 0:
-        raise ValueError(f"bucket_cap_mb must be > 0 (MiB per bucket), None or 'auto', got {bucket_cap_mb!r}")
+        raise ConfigError(f"bucket_cap_mb must be > 0 (MiB per bucket), None or 'auto', got {bucket_cap_mb!r}")
     cap = max(int(bucket_cap_mb * MIB), 1)
     return [cap, cap]
 
@@ -83,10 +85,11 @@ def assign_buckets(
 class Bucket:
     """One flat buffer and a shaped view of it for each of its parameters.
 
-    ``pending`` counts the parameters whose gradient has not yet arrived in this backward pass.
+    ``as_view`` (gradient_as_bucket_view) is bound once here: :meth:`take` and :meth:`gather_small_grads` either
+    make ``.grad`` the slot or copy into it, with no per-gradient test of the flag.
     """
 
-    def __init__(self, index: int, param_indices: list[int], params: Sequence[torch.Tensor]) -> None:
+    def __init__(self, index: int, param_indices: list[int], params: Sequence[torch.Tensor], as_view: bool) -> None:
         self.index = index
         self.assigned = list(param_indices)  # in launch-readiness order, as assign_buckets gave them (for messages)
         # Large gradients first, then all the small ones side by side at the end of the buffer, so the small ones
@@ -108,25 +111,28 @@ class Bucket:
             offset += p.numel()
         # Parameters whose hook is removed under static_graph (see quiet_parameters): marked ready with the bucket.
         self.quiet: list[int] = []
-        self.pending = len(param_indices)
         self.eager = [p.numel() >= EAGER_COPY_NUMEL for p in members]
         self._small_params = members[len(large) :]
         self._small_views = self.views[len(large) :]
         self._small_region = self.buffer[sum(p.numel() for p in members[: len(large)]) :]
         self._n_vectors = len(vectors)
         self._vector_region = self._small_region[: sum(params[i].numel() for i in vectors)]
+        self.take = self._adopt_grad if as_view else self._copy_grad
+        self._gather = self._gather_into_views if as_view else self._gather_copies
 
     @property
     def nbytes(self) -> int:
         return self.buffer.numel() * self.buffer.element_size()
 
-    def reset(self) -> None:
-        self.pending = len(self.param_indices) - len(self.quiet)
+    @property
+    def hooked_count(self) -> int:
+        """How many of this bucket's parameters report through their own hook (all but the quiet ones)."""
+        return len(self.param_indices) - len(self.quiet)
 
     # ``divisor`` (the world size, when gradsync itself averages): like torch's C++ reducer, gradients are divided
     # on their way into the bucket (one pass over memory), not copied and then divided again in the hook.
 
-    def adopt_grad(self, slot: int, divisor: int | None) -> None:
+    def _adopt_grad(self, slot: int, divisor: int | None) -> None:
         """gradient_as_bucket_view: move one fresh gradient into its slot and make ``.grad`` that slot, as soon as
         it is ready, so at most one extra gradient is alive at a time (as torch's reducer does)."""
         param, view = self.params[slot], self.views[slot]
@@ -139,7 +145,7 @@ class Bucket:
         elif divisor:
             view.div_(divisor)
 
-    def copy_grad(self, slot: int, divisor: int | None) -> None:
+    def _copy_grad(self, slot: int, divisor: int | None) -> None:
         """Copy one parameter's gradient into its slot (zeros if it has none)."""
         grad = self.params[slot].grad
         if grad is None:
@@ -147,36 +153,40 @@ class Bucket:
         else:
             _move(grad, self.views[slot], divisor)
 
-    def gather_small_grads(self, divisor: int | None, as_view: bool) -> None:
-        """Copy all the small gradients in with one fused copy, once the whole bucket is ready. ``as_view``
-        (gradient_as_bucket_view): gradients already in their slot stay, the others are copied and ``.grad`` becomes
-        the slot; the small gradients' extra memory is held until the bucket fills, not one at a time."""
+    def gather_small_grads(self, divisor: int | None) -> None:
+        """Copy all the small gradients in together, once the whole bucket is ready, and divide them in one go."""
         if not self._small_params:
             return
+        self._gather([p.grad for p in self._small_params])
+        if divisor:
+            self._small_region.div_(divisor)
+
+    def _gather_into_views(self, grads: list[torch.Tensor | None]) -> None:
+        # gradient_as_bucket_view: gradients already in their slot stay, the others are copied and .grad becomes the
+        # slot; the small gradients' extra memory is held until the bucket fills, not one at a time.
         params, views = self._small_params, self._small_views
-        grads = [p.grad for p in params]
-        if as_view:
-            moving = [k for k, g in enumerate(grads) if g is not None and g.data_ptr() != views[k].data_ptr()]
-            if moving:
-                torch._foreach_copy_([views[k] for k in moving], [grads[k] for k in moving])
-            for k in moving:
-                params[k].grad = views[k]
-            for k in (k for k, g in enumerate(grads) if g is None):
-                views[k].zero_()
-        elif all(g is not None for g in grads):
-            k = self._n_vectors if self._n_vectors > 1 else 0  # a lone vector goes with the rest
-            if k:
-                torch.cat(grads[:k], out=self._vector_region)
-            if k < len(grads):
-                torch._foreach_copy_(views[k:], grads[k:])
-        else:
+        moving = [k for k, g in enumerate(grads) if g is not None and g.data_ptr() != views[k].data_ptr()]
+        if moving:
+            torch._foreach_copy_([views[k] for k in moving], [grads[k] for k in moving])  # type: ignore[misc]
+        for k in moving:
+            params[k].grad = views[k]
+        for k in (k for k, g in enumerate(grads) if g is None):
+            views[k].zero_()
+
+    def _gather_copies(self, grads: list[torch.Tensor | None]) -> None:
+        views = self._small_views
+        if any(g is None for g in grads):
             for grad, view in zip(grads, views):
                 if grad is None:
                     view.zero_()
                 else:
                     view.copy_(grad)
-        if divisor:
-            self._small_region.div_(divisor)
+            return
+        k = self._n_vectors if self._n_vectors > 1 else 0  # a lone vector goes with the rest
+        if k:
+            torch.cat(grads[:k], out=self._vector_region)  # type: ignore[arg-type]
+        if k < len(grads):
+            torch._foreach_copy_(views[k:], grads[k:])  # type: ignore[arg-type]
 
 
 def quiet_parameters(bucket: Bucket, order: Sequence[int]) -> list[int]:
@@ -201,9 +211,9 @@ def _move(grad: torch.Tensor, view: torch.Tensor, divisor: int | None) -> None:
 
 def write_back(
     globally_used: list[int] | None,
-    params: list[torch.nn.Parameter],
-    views: list[torch.Tensor],
-    indices: list[int],
+    params: Sequence[torch.Tensor],
+    views: Sequence[torch.Tensor],
+    indices: Sequence[int],
     as_view: bool,
 ) -> None:
     """Put the averaged bucket values into ``.grad``: one fused copy in the common case. A parameter no rank used
@@ -213,7 +223,7 @@ def write_back(
     if globally_used is None and all(g is not None for g in grads):
         # The common case, one fused copy; with gradient_as_bucket_view every .grad already is its slot.
         if not as_view:
-            torch._foreach_copy_(grads, views)
+            torch._foreach_copy_(grads, list(views))  # type: ignore[arg-type]
         return
     targets: list[torch.Tensor] = []
     sources: list[torch.Tensor] = []

@@ -25,14 +25,14 @@ def no_gradient(rank: int, missing: Sequence[str]) -> str:
 
 def backward_after_reduction(name: str) -> str:
     return (
-        f"gradsync: backward() reached parameter '{name}' again after its gradients were already averaged for this "
+        f"backward() reached parameter '{name}' again after its gradients were already averaged for this "
         "forward. Run forward() before each backward(), or wrap extra backward passes in ddp.no_sync()."
     )
 
 
 def ready_twice(name: str) -> str:
     return (
-        f"gradsync: parameter '{name}' became ready twice in one backward pass. This happens with reentrant "
+        f"parameter '{name}' became ready twice in one backward pass. This happens with reentrant "
         "backward (checkpointing with use_reentrant=True) or a parameter reported unused that still got a "
         "gradient; use use_reentrant=False, or find which rank's forward skipped the parameter."
     )

@@ -11,6 +11,8 @@ from collections.abc import Iterable
 import torch
 import torch.distributed as dist
 
+from gradsync.collectives.communicator import Communicator, Op
+
 
 def average_gradients(params: Iterable[torch.nn.Parameter], process_group: dist.ProcessGroup | None = None) -> None:
     """Replace each ``param.grad`` by its average over ``process_group``; call after ``backward()``.
@@ -20,15 +22,14 @@ def average_gradients(params: Iterable[torch.nn.Parameter], process_group: dist.
 
     >>> loss.backward(); average_gradients(model.parameters()); optimizer.step()  # doctest: +SKIP
     """
-    group = process_group if process_group is not None else dist.group.WORLD
-    world = dist.get_world_size(group)
+    comm = Communicator(process_group)
     params = [p for p in params if p.requires_grad]
     has_grad = torch.tensor([p.grad is not None for p in params], dtype=torch.int32)
-    dist.all_reduce(has_grad, group=group)
-    for p, anyone in zip(params, has_grad.tolist()):
+    comm.all_reduce(Op.USAGE_ALLREDUCE, has_grad)
+    for k, (p, anyone) in enumerate(zip(params, has_grad.tolist())):
         if not anyone:
             continue
         grad = p.grad if p.grad is not None else torch.zeros_like(p)
-        grad.div_(world)
-        dist.all_reduce(grad, group=group)
+        grad.div_(comm.size)
+        comm.all_reduce(Op.BUCKET_ALLREDUCE, grad, index=k)
         p.grad = grad

@@ -1,299 +1,268 @@
-"""The fast reducer: gradient hooks → bucket → asynchronous all-reduce, overlapped with backward.
+"""The reducer: gradient hooks, the phase of the current step, the bucket layout, and the extension points.
 
-The path of one gradient (DESIGN.md; Li et al., VLDB 2020, section 3.2): autograd accumulates ``param.grad`` and
-fires the parameter's post-accumulate-grad hook; the hook copies the gradient into its bucket slot; when a bucket
-is full and every earlier bucket has been launched, its communication hook runs (an async all-reduce by default),
-so communication overlaps the rest of backward. One callback queued on the autograd engine waits for every bucket
-at the end of backward and writes the averages back, so ``.grad`` is final when ``backward()`` returns.
+Each parameter gets one post-accumulate-grad hook, which calls whatever the current phase says a ready gradient
+means: nothing (a ``no_sync`` backward), the start of a synced backward, :meth:`BackwardStep.mark_ready` (see
+:mod:`.step` for the path of one gradient), or an error (a second backward after the reduction). The phase changes
+by rebinding that one function, and optional features (order recording for the rebuild, usage tracking, a
+Monitor) are composed into it only when they are on, so the per-gradient path never tests a feature that is off.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import enum
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
-from gradsync import desync
+from gradsync.collectives.communicator import Communicator, Op
 from gradsync.comm.grad_bucket import GradBucket
-from gradsync.groups import rank0_global
-from gradsync.peer_errors import named_collective, post_error
-from gradsync.reducer import autotune, messages
-from gradsync.reducer.buckets import Bucket, assign_buckets, quiet_parameters, size_limits, write_back
+from gradsync.errors import ConfigError, GradientError
+from gradsync.observe.recorder import Recorder
+from gradsync.reducer import messages
+from gradsync.reducer.autotune import BucketTuning, tuning_enabled
+from gradsync.reducer.buckets import Bucket, size_limits
+from gradsync.reducer.layout import BucketLayout
+from gradsync.reducer.mode import GraphMode
+from gradsync.reducer.rebuild import Rebuild, State
+from gradsync.reducer.step import BackwardStep, StepContext
 from gradsync.reducer.unused import GlobalUsage
 
 CommHook = Callable[[Any, GradBucket], torch.futures.Future]
-
-
-class _Phase(enum.Enum):
-    IDLE = "idle"  # no synced forward prepared: hooks let gradients accumulate locally (no_sync)
-    PREPARED = "prepared"  # a synced forward ran; the next backward reduces
-    REDUCING = "reducing"  # inside that backward
-    FINISHED = "finished"  # reduced; a second backward before the next forward is an error
+ReadyFunction = Callable[[int], None]
 
 
 class Reducer:
-    """Averages the gradients of ``params`` across ``process_group`` during backward.
+    """Averages the gradients of ``params`` across ``comm``'s process group during backward.
 
-    Used by :class:`gradsync.DistributedDataParallel`; call :meth:`prepare_for_backward` after each forward whose
-    backward should synchronise. ``names[i]`` names ``params[i]`` in error messages.
+    Driven by :class:`gradsync.DistributedDataParallel`: at each forward whose backward synchronises,
+    :meth:`before_synced_forward` then :meth:`prepare_for_backward`; at other forwards :meth:`skip_next_backward`.
+    ``names[i]`` names ``params[i]`` in error messages.
     """
 
     def __init__(
         self,
         params: Sequence[torch.nn.Parameter],
         names: Sequence[str],
-        process_group: dist.ProcessGroup | None,
+        comm: Communicator,
         bucket_cap_mb: float | str | Sequence[float] | None = None,
         gradient_as_bucket_view: bool = False,
-        find_unused_parameters: bool = False,
-        static_graph: bool = False,
+        mode: GraphMode = GraphMode.ALL_USED,
     ) -> None:
         self.params = list(params)
         self.names = list(names)
-        self._process_group = process_group  # None: the default group, looked up at each use
-        self.gradient_as_bucket_view = gradient_as_bucket_view
-        self.size_limits = size_limits(bucket_cap_mb)
-        self.tune_buckets = autotune.tuning_enabled(bucket_cap_mb)
-        self.tuning: autotune.BucketTuning | None = None  # the tuner's decision, once made
-        self.usage = GlobalUsage(len(self.params), find_unused_parameters, static_graph)
-        # With a dynamic graph the ready order changes between iterations, so torch never rebuilds then.
-        self.rebuild_allowed = static_graph or not find_unused_parameters
-        self.comm_state: Any = process_group
-        # None: the built-in averaging (divide on the way into the bucket, one plain all-reduce), torch's C++ path.
-        self.comm_hook: CommHook | None = None
-        self.observer = None  # a gradsync.observe StepRecorder, fed only while one is attached
-        self.grad_scale = 1.0  # applied to the averages (join with divide_by_initial_world_size=False)
-        # Called with each bucket as soon as its averages are in .grad, while later buckets may still be in flight
-        # (gradsync.optim.OverlappedOptimizer steps that bucket's parameters there).
-        self.bucket_reduced: Callable[[Bucket], None] | None = None
-        self.iteration = 0  # synced backward passes completed
-        self.synced_steps = 0  # synced forwards prepared (the step number desync fingerprints carry)
-        self.check_desync = False  # GRADSYNC_DEBUG: compare fingerprints before each collective
-        self.rebuilt = False
-        self._rebuild_pending = False
-        self._ready_order: list[int] = []
+        self.comm = comm
+        self.mode = mode
+        limits = size_limits(bucket_cap_mb)
+        # Iteration 1: reverse registration order, torch's guess at the order gradients become ready.
+        first_order = list(reversed(range(len(self.params))))
+        self.layout = BucketLayout(self.params, first_order, limits, gradient_as_bucket_view)
+        self._rebuild = Rebuild(
+            self.params, comm, limits, gradient_as_bucket_view, mode.rebuilds, tuning_enabled(bucket_cap_mb)
+        )
+        self._usage = GlobalUsage(len(self.params), mode, comm)
+        self._comm_hook: CommHook | None = None
+        self._comm_state: Any = None
+        self._recorder = Recorder()
+        self._recorder_attached = False  # whether to poll it from every gradient hook
+        self._bucket_reduced: Callable[[Bucket], None] | None = None
+        self._context = self._make_context()
+        self._step: BackwardStep | None = None
         self._unused: Sequence[int] = ()
-        self._ready_times: list[float] = []  # perf_counter() of each _ready_order entry (the tuner's timeline)
-        self._backward_start = 0.0
-        self._phase = _Phase.IDLE
-        self._build(list(reversed(range(len(self.params)))))
+        self.iteration = 0  # synced backward passes completed (a joined rank's shadows included)
+        self._on_ready: ReadyFunction = _accumulate_locally
         self._handles = [p.register_post_accumulate_grad_hook(self._make_hook(i)) for i, p in enumerate(self.params)]
 
-    # ----------------------------------------------------------------------------------------------- buckets
-    def _build(self, order: Sequence[int]) -> None:
-        groups = assign_buckets(self.params, order, self.size_limits)
-        self.buckets = [Bucket(k, g, self.params) for k, g in enumerate(groups)]
-        self._bucket_of: list[Bucket] = [None] * len(self.params)  # type: ignore[list-item]
-        self._slot_of = [0] * len(self.params)
-        for bucket in self.buckets:
-            for slot, i in enumerate(bucket.param_indices):
-                self._bucket_of[i] = bucket
-                self._slot_of[i] = slot
-        # Bucket order, flattened: the write-back is one fused copy over these.
-        self._flat_params = [p for b in self.buckets for p in b.params]
-        self._flat_views = [v for b in self.buckets for v in b.views]
-        self._flat_indices = [i for b in self.buckets for i in b.param_indices]
-        if self.gradient_as_bucket_view:  # keep accumulated values, but from now on .grad lives in the bucket
-            for bucket in self.buckets:
-                for view, i in zip(bucket.views, bucket.param_indices):
-                    p = self.params[i]
-                    if p.grad is not None:
-                        view.copy_(p.grad)
-                        p.grad = view
+    # ------------------------------------------------------------------------------------- what it exposes
+    @property
+    def buckets(self) -> list[Bucket]:
+        return self.layout.buckets
 
-    def rebuild_buckets_if_pending(self) -> bool:
-        """Rebuild once, after the first synced iteration, from the observed ready order (rank 0's everywhere).
+    @property
+    def tuning(self) -> BucketTuning | None:
+        """The bucket-size tuner's decision and evidence, once it has made one (``describe()`` says it in words)."""
+        return self._rebuild.tuning
 
-        Gradients become ready in execution order, not registration order; bucketing in that order lets each
-        bucket launch as early as possible (Li et al., section 3.2.3). Every rank must build identical buckets or
-        their collectives would not match, hence the broadcast. Called at a forward, when all ranks are in step.
-        With tuning on, the bucket caps are chosen here too, from iteration 1's timeline (:mod:`.autotune`).
-        """
-        if not self._rebuild_pending:
-            return False
-        seen = set(self._ready_order)
-        order = self._ready_order + [i for i in reversed(range(len(self.params))) if i not in seen]
-        device = self.params[0].device
-        plan = torch.tensor(order + self.size_limits, dtype=torch.int64, device=device)
-        if self.check_desync:
-            desync.check(self._process_group, desync.BROADCAST_REBUILD, self.synced_steps + 1, 0, plan)
-        if self.tune_buckets and dist.get_world_size(self._process_group) > 1:  # all probe; rank 0 decides
-            times = (self._ready_order, self._ready_times, self._backward_start)
-            self.tuning = autotune.tune(self._process_group, self.params, order, times, self.size_limits)
-            plan = torch.tensor(order + self.tuning.size_limits, dtype=torch.int64, device=device)
-        with named_collective("broadcast of the rebuilt bucket order"):
-            dist.broadcast(plan, src=rank0_global(self._process_group), group=self._process_group)
-        values = plan.tolist()
-        self.size_limits = values[len(order) :]
-        if self.tuning is not None:  # rank 0's choice is what applies on this rank too
-            self.tuning = dataclasses.replace(self.tuning, size_limits=self.size_limits)
-        self._build(values[: len(order)])
-        if self.usage.static and self._ready_order and not self._unused and not self.check_desync:
-            for bucket in self.buckets:  # one hook per bucket's small parameters, by this rank's own ready order
-                bucket.quiet = quiet_parameters(bucket, order)
-                for i in bucket.quiet:
-                    self._handles[i].remove()
-        self._rebuild_pending = False
-        self.rebuilt = True
-        return True
+    @property
+    def rebuilt(self) -> bool:
+        """Whether the one-time rebuild has happened (the tuner's check may still be running)."""
+        return self._rebuild.state not in (State.NEVER, State.RECORDING, State.PENDING)
 
-    def request_rebuild(self) -> None:
-        """Take part in the one-time rebuild at the next forward (a joined rank: see gradsync.join)."""
-        self._rebuild_pending = True
+    def describe_bucket(self, k: int) -> str:
+        return messages.bucket_description(self.layout.buckets[k], len(self.layout), self.names)
 
-    # ----------------------------------------------------------------------------------------------- per step
-    def prepare_for_backward(self, unused: Sequence[int] = ()) -> None:
-        """Arm the next backward to reduce; ``unused`` parameters are counted ready with their current grad."""
-        for bucket in self.buckets:
-            bucket.reset()
-        self._ready = bytearray(len(self.params))
-        self._used = self.usage.local_map()
-        self._futures: list[torch.futures.Future | None] = [None] * len(self.buckets)
-        self._next_launch = 0
+    # ------------------------------------------------------------------------------------ extension points
+    def set_comm_hook(self, state: Any, hook: CommHook) -> None:
+        """Reduce each bucket with ``hook(state, GradBucket) -> Future[Tensor]`` (torch's contract)."""
+        self._comm_state, self._comm_hook = state, hook
+        self._context = self._make_context()
+
+    def attach_recorder(self, recorder: Recorder) -> None:
+        """Report this reducer's events (backward start and end, each bucket's ready, launch and completion)."""
+        self._recorder, self._recorder_attached = recorder, True
+        self._context = self._make_context()
+
+    def detach_recorder(self) -> None:
+        self._recorder, self._recorder_attached = Recorder(), False
+        self._context = self._make_context()
+
+    def on_bucket_reduced(self, callback: Callable[[Bucket], None]) -> None:
+        """Call ``callback(bucket)`` as soon as each bucket's averages are in ``.grad``, while later buckets may
+        still be in flight (gradsync.optim.OverlappedOptimizer steps that bucket's parameters there)."""
+        if self.mode.tracks_usage:
+            raise ConfigError(
+                f"a per-bucket callback cannot be used with {self.mode.value}: which parameters were used on any "
+                "rank is only known after the last bucket, too late to hand buckets on early."
+            )
+        self._bucket_reduced = callback
+        self._context = self._make_context()
+
+    def _make_context(self) -> StepContext:
+        hooked = self._comm_hook is not None
+        return StepContext(
+            names=self.names,
+            comm=self.comm,
+            reduce=self._reduce_with_hook if hooked else self._reduce_builtin,
+            divisor=None if hooked else self.comm.size,  # a hook averages itself, as torch's do
+            usage=self._usage,
+            recorder=self._recorder,
+            bucket_reduced=self._bucket_reduced,
+        )
+
+    # ------------------------------------------------------------------------------------------- per step
+    def before_synced_forward(self) -> None:
+        """The rebuild's collectives, if due at this forward, and the layout it says to use from now on."""
+        layout = self._rebuild.before_forward()
+        if layout is None:
+            return
+        layout.adopt_current_grads()
+        self.layout = layout
+        if self._rebuild.done and self._may_silence_hooks():
+            for i in layout.silence_small_hooks(self._rebuild.local_order):
+                self._handles[i].remove()
+
+    def _may_silence_hooks(self) -> bool:
+        # Only a static graph runs the same hooks in the same order every time, and only this rank's own observed
+        # order says which is last. GRADSYNC_DEBUG keeps every hook, so a rank whose graph changed is still caught.
+        return (
+            self.mode is GraphMode.STATIC
+            and bool(self._rebuild.local_order)
+            and not self._unused
+            and not self.comm.check_desync
+        )
+
+    def prepare_for_backward(self, unused: Sequence[int] = (), scale: float = 1.0) -> None:
+        """Arm the next backward to reduce. ``unused`` parameters count as ready with their current gradient;
+        ``scale`` multiplies the averages (join with divide_by_initial_world_size=False)."""
+        self._step = BackwardStep(self._context, self.layout, scale)
         self._unused = unused
-        self._record_order = self.rebuild_allowed and not self.rebuilt and self.iteration == 0
-        self._phase = _Phase.PREPARED
-        self.synced_steps += 1
-        self._divisor = dist.get_world_size(self._process_group) if self.comm_hook is None else None
+        self._on_ready = self._begin_backward
 
     def skip_next_backward(self) -> None:
         """Let the next backward accumulate gradients locally (no_sync / require_backward_grad_sync=False)."""
-        self._phase = _Phase.IDLE
+        self._step = None
+        self._on_ready = _accumulate_locally
 
+    def shadow_backward(self) -> None:
+        """A joined rank: issue this backward's collectives with zeros, exactly as a training rank would."""
+        start = time.perf_counter()
+        step = BackwardStep(self._context, self.layout, shadow=True)
+        step.launch_all_as_shadow()
+        step.finish()
+        self._end_synced_backward(time.perf_counter() - start)
+
+    # ------------------------------------------------------------------------------------ the hooks' side
     def _make_hook(self, index: int) -> Callable[[torch.Tensor], None]:
-        # The hot path: runs once per parameter per backward, so it only counts; copies happen per bucket.
         def hook(_param: torch.Tensor) -> None:
-            if self._phase is not _Phase.REDUCING and not self._enter_backward(index):
-                return
-            if self._used is not None:
-                self._used[index] = 1
-            if self.observer is not None:
-                self.observer.poll()
-            self._mark_ready(index)
+            self._on_ready(index)
 
         return hook
 
-    def _enter_backward(self, index: int) -> bool:
-        """First hook of a backward: False to let it accumulate locally, True after arming the reduction."""
-        if self._phase is _Phase.IDLE:
-            return False
-        if self._phase is _Phase.FINISHED:
-            raise RuntimeError(messages.backward_after_reduction(self.names[index]))
-        self._phase = _Phase.REDUCING
-        self._backward_start = time.perf_counter()
+    def _begin_backward(self, index: int) -> None:
+        """The first gradient of a synced backward: arm the end-of-backward callback, then handle it."""
+        step = self._step
+        assert step is not None
+        step.started = time.perf_counter()
+        self._rebuild.backward_started(step.started)
         torch.autograd.Variable._execution_engine.queue_callback(self._finalize)
-        if self.observer is not None:
-            self.observer.backward_start(self.buckets)
+        self._recorder.backward_start(self.layout.buckets)
+        self._on_ready = on_ready = self._ready_function(step)
+        mark_unused = self._recording(step.mark_ready)  # ready with their current gradient, but never "used"
         for j in self._unused:
-            self._mark_ready(j)
-        return True
+            mark_unused(j)
+        on_ready(index)
 
-    def _mark_ready(self, i: int) -> None:
-        if self._ready[i]:
-            raise RuntimeError(messages.ready_twice(self.names[i]))
-        self._ready[i] = 1
-        if self._record_order:
-            self._ready_order.append(i)
-            self._ready_times.append(time.perf_counter())
-        bucket = self._bucket_of[i]
-        slot = self._slot_of[i]
-        if bucket.eager[slot]:  # large gradients go in as they arrive; small ones together when the bucket fills
-            if self.gradient_as_bucket_view:
-                bucket.adopt_grad(slot, self._divisor)
-            else:
-                bucket.copy_grad(slot, self._divisor)
-        bucket.pending -= 1
-        if bucket.pending == 0:
-            for j in bucket.quiet:
-                self._ready[j] = 1
-                if self._used is not None:
-                    self._used[j] = 1
-            bucket.gather_small_grads(self._divisor, self.gradient_as_bucket_view)
-            if self.observer is not None:
-                self.observer.bucket_ready(bucket.index)
-            if bucket.index == self._next_launch:
-                self._launch_ready_buckets()
+    def _ready_function(self, step: BackwardStep) -> ReadyFunction:
+        on_ready: ReadyFunction = step.mark_ready
+        if step.used is not None:
+            on_ready = _also_mark_used(step.used, on_ready)
+        on_ready = self._recording(on_ready)
+        if self._recorder_attached:
+            on_ready = _also_poll(self._recorder, on_ready)
+        return on_ready
 
-    def _launch_ready_buckets(self) -> None:
-        # Strictly in bucket order: every rank must issue identical collectives in an identical sequence.
-        buckets = self.buckets
-        while self._next_launch < len(buckets) and buckets[self._next_launch].pending == 0:
-            k = self._next_launch
-            bucket = buckets[k]
-            if self.check_desync:
-                desync.check(self._process_group, desync.ALLREDUCE_BUCKET, self.synced_steps, k, bucket.buffer)
-            fut = self.reduce_async(k, bucket.buffer, bucket.views)
-            self._futures[k] = fut
-            self._next_launch += 1
-            if self.observer is not None:
-                self.observer.bucket_launched(k, fut)
-        if self._next_launch == len(buckets) and self._used is not None:
-            if self.check_desync:
-                used = torch.tensor(list(self._used), dtype=torch.int32, device=self.params[0].device)
-                desync.check(self._process_group, desync.ALLREDUCE_USED, self.synced_steps, 0, used)
-            self.usage.start(self._used, self._process_group, self.params[0].device)
-
-    def reduce_async(self, k: int, buffer: torch.Tensor, views: list[torch.Tensor]) -> torch.futures.Future:
-        """Start reducing bucket ``k``'s ``buffer`` (the join shadow passes zeros): the communication hook, or the
-        built-in all-reduce of gradients already divided by the world size."""
-        if self.comm_hook is None:
-            return dist.all_reduce(buffer, group=self._process_group, async_op=True).get_future()
-        # A fresh GradBucket each launch: hooks may set_buffer() on it, as in torch.
-        params = self.buckets[k].params
-        fut = self.comm_hook(self.comm_state, GradBucket(k, buffer, views, params, k == len(self.buckets) - 1))
-        if not isinstance(fut, torch._C.Future):  # torch.futures.Future and what .then() returns
-            raise TypeError(
-                f"gradsync: communication hook {getattr(self.comm_hook, '__name__', self.comm_hook)!r} returned "
-                f"{type(fut).__name__} for bucket {k}; it must return a torch.futures.Future[torch.Tensor]."
-            )
-        return fut
+    def _recording(self, on_ready: ReadyFunction) -> ReadyFunction:
+        return _also_record(self._rebuild.record, on_ready) if self._rebuild.recording else on_ready
 
     def _finalize(self) -> None:
-        self._phase = _Phase.FINISHED
-        if self.observer is not None:
-            self.observer.backward_end()
-        if self._next_launch < len(self.buckets):
-            self._raise_not_ready()
-        for k, fut in enumerate(self._futures):
-            bucket = self.buckets[k]
-            with named_collective(lambda k=k: f"all-reduce of {self.describe_bucket(k)}"):
-                result = fut.wait()  # type: ignore[union-attr]
-            if isinstance(result, list):  # the built-in all-reduce's future holds [tensor]
-                result = result[0]
-            if result.data_ptr() != bucket.buffer.data_ptr():
-                bucket.buffer.copy_(result.view_as(bucket.buffer))
-            if self.bucket_reduced is not None:  # usage tracking is refused with it: no globally-used map here
-                if self.grad_scale != 1.0:
-                    bucket.buffer.mul_(self.grad_scale)
-                write_back(None, bucket.params, bucket.views, bucket.param_indices, self.gradient_as_bucket_view)
-                self.bucket_reduced(bucket)
-        # Hold no finished futures or works past this point: gloo work objects that outlive the process group
-        # are destroyed during interpreter teardown and abort the process ("terminate called ...").
-        self._futures = []
-        globally_used = self.usage.result()
-        if self.bucket_reduced is None:
-            if self.grad_scale != 1.0:
-                torch._foreach_mul_([b.buffer for b in self.buckets], self.grad_scale)
-            write_back(
-                globally_used, self._flat_params, self._flat_views, self._flat_indices, self.gradient_as_bucket_view
-            )
-        if self.observer is not None:
-            self.observer.comm_end()
+        step = self._step
+        assert step is not None
+        self._on_ready = self._reached_after_reduction
+        self._recorder.backward_end()
+        step.finish()
+        self._recorder.comm_end()
+        self._step = None
+        self._end_synced_backward(time.perf_counter() - step.started)
+
+    def _end_synced_backward(self, seconds: float) -> None:
         self.iteration += 1
-        if self._record_order:
-            self._rebuild_pending = True
+        self._rebuild.backward_done(seconds)
 
-    # ----------------------------------------------------------------------------------------------- errors
-    def describe_bucket(self, k: int) -> str:
-        return messages.bucket_description(self.buckets[k], len(self.buckets), self.names)
+    def _reached_after_reduction(self, index: int) -> None:
+        raise GradientError(messages.backward_after_reduction(self.names[index]))
 
-    def _raise_not_ready(self) -> None:
-        missing = [self.names[i] for i in range(len(self.params)) if not self._ready[i]]
-        message = messages.no_gradient(dist.get_rank(), missing)
-        post_error(message)
-        raise RuntimeError(f"gradsync: {message}")
+    # ---------------------------------------------------------------------------------- starting a bucket
+    def _reduce_builtin(self, k: int, buffer: torch.Tensor, views: list[torch.Tensor], is_last: bool):
+        # Gradients were divided by the world size on their way in: one plain sum, torch's C++ default path.
+        return self.comm.all_reduce_async(Op.BUCKET_ALLREDUCE, buffer, index=k)
+
+    def _reduce_with_hook(self, k: int, buffer: torch.Tensor, views: list[torch.Tensor], is_last: bool):
+        hook = self._comm_hook
+        assert hook is not None
+        # A fresh GradBucket each launch: hooks may set_buffer() on it, as in torch.
+        bucket = GradBucket(k, buffer, views, self.layout.buckets[k].params, is_last)
+        future = self.comm.launch(Op.BUCKET_ALLREDUCE, k, buffer, lambda: hook(self._comm_state, bucket))
+        if not isinstance(future, torch._C.Future):  # torch.futures.Future and what .then() returns
+            raise ConfigError(
+                f"communication hook {getattr(hook, '__name__', hook)!r} returned {type(future).__name__} for "
+                f"bucket {k}; it must return a torch.futures.Future[torch.Tensor]."
+            )
+        return future
+
+
+def _accumulate_locally(_index: int) -> None:
+    """No synced forward was prepared (no_sync): autograd's accumulation in ``.grad`` is all there is to do."""
+
+
+def _also_mark_used(used: bytearray, inner: ReadyFunction) -> ReadyFunction:
+    def mark(i: int) -> None:
+        used[i] = 1
+        inner(i)
+
+    return mark
+
+
+def _also_record(record: Callable[[int], None], inner: ReadyFunction) -> ReadyFunction:
+    def mark(i: int) -> None:
+        record(i)
+        inner(i)
+
+    return mark
+
+
+def _also_poll(recorder: Recorder, inner: ReadyFunction) -> ReadyFunction:
+    def mark(i: int) -> None:
+        recorder.poll()
+        inner(i)
+
+    return mark

@@ -11,6 +11,9 @@ from collections.abc import Iterable, Sequence
 
 import torch
 
+from gradsync.collectives.communicator import Communicator, Op
+from gradsync.reducer.mode import GraphMode
+
 
 def reachable_parameter_ids(outputs: Iterable[torch.Tensor]) -> set[int]:
     """``id()`` of every leaf tensor whose gradient the outputs' graph would accumulate."""
@@ -50,38 +53,36 @@ class GlobalUsage:
     (``static_graph_first_iteration``), so a static graph pays no per-step collective for it.
     """
 
-    def __init__(self, n: int, find_unused_parameters: bool, static_graph: bool) -> None:
+    def __init__(self, n: int, mode: GraphMode, comm: Communicator) -> None:
         self.n = n
-        # Usage is tracked (and globally unused parameters left untouched) as torch does in these two modes.
-        self.tracked = find_unused_parameters or static_graph
-        self.dynamic = find_unused_parameters and not static_graph
-        self.static = static_graph
+        self.mode = mode
+        self._comm = comm
         self._known: list[int] | None = None  # static_graph: the first step's answer (None: all used)
         self._have_known = False
         self._map: torch.Tensor | None = None
-        self._work = None
+        self._future: torch.futures.Future | None = None
 
     def reduced_this_step(self) -> bool:
-        """Whether this step's backward all-reduces a usage map (a joined rank must then shadow it)."""
-        return self.dynamic or (self.static and not self._have_known)
+        """Whether this step's backward all-reduces a usage map (a joined rank then shadows it with zeros)."""
+        return self.mode is GraphMode.FIND_UNUSED or (self.mode is GraphMode.STATIC and not self._have_known)
 
     def local_map(self) -> bytearray | None:
         """A zeroed map for this backward's hooks to mark, or None when this step needs none."""
         return bytearray(self.n) if self.reduced_this_step() else None
 
-    def start(self, used: bytearray, group, device: torch.device) -> None:
+    def start(self, used: bytearray, device: torch.device) -> None:
         """Launch the all-reduce of this rank's map (after the last bucket, so it never delays one)."""
         self._map = torch.tensor(list(used), dtype=torch.int32, device=device)
-        self._work = torch.distributed.all_reduce(self._map, group=group, async_op=True)
+        self._future = self._comm.all_reduce_async(Op.USAGE_ALLREDUCE, self._map)
 
     def result(self) -> list[int] | None:
         """Per parameter, 0 if no rank used it; None if every parameter counts as used (the write-back's fast path)."""
-        if self._work is None:
+        if self._future is None or self._map is None:
             return self._known
-        self._work.wait()
-        self._work = None
+        self._comm.wait(self._future, Op.USAGE_ALLREDUCE)
+        self._future = None
         flags = self._map.tolist()
         result = None if all(flags) else flags
-        if self.static:
+        if self.mode is GraphMode.STATIC:
             self._known, self._have_known = result, True
         return result

@@ -17,6 +17,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from gradsync.collectives.communicator import Communicator, Op
+
 _RNG_KEY = "_gradsync_rng"
 _KINDS_KEY = "_gradsync_kinds"
 
@@ -79,15 +81,13 @@ def save(path: str | os.PathLike, process_group: dist.ProcessGroup | None = None
             payload[key], kinds[key] = value.state_dict(), "state_dict"
         else:
             payload[key], kinds[key] = value, "value"
-    rngs = [rng_state()]
-    if dist.is_initialized():
-        rngs = [None] * dist.get_world_size(process_group)
-        dist.all_gather_object(rngs, rng_state(), group=process_group)
+    comm = Communicator(process_group) if dist.is_initialized() else None
+    rngs = comm.all_gather_object(Op.CHECKPOINT_RNG, rng_state()) if comm is not None else [rng_state()]
     payload[_RNG_KEY], payload[_KINDS_KEY] = rngs, kinds
-    if not dist.is_initialized() or dist.get_rank(process_group) == 0:
+    if comm is None or comm.rank == 0:
         atomic_torch_save(payload, path)
-    if dist.is_initialized():
-        dist.barrier(group=process_group)  # nobody moves on (or exits) before the file is in place
+    if comm is not None:
+        comm.barrier(Op.CHECKPOINT_BARRIER)  # nobody moves on (or exits) before the file is in place
 
 
 def load(path: str | os.PathLike, map_location: str | torch.device | None = None) -> dict[str, Any]:

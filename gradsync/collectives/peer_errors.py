@@ -2,14 +2,13 @@
 
 A rank that raises leaves its peers blocked in a collective until the process-group timeout, and the error they
 then get ("Connection closed by peer", "Timed out waiting") says nothing of the cause. Posting the real reason to
-the store lets each survivor name the rank that failed and why (DESIGN.md: errors name the rank and say what to do).
+the store lets each survivor name the rank that failed and why. :mod:`gradsync.collectives.communicator` posts
+and reads these reports around every collective it issues.
 """
 
 from __future__ import annotations
 
-import contextlib
 import time
-from collections.abc import Callable, Iterator
 
 import torch.distributed as dist
 
@@ -49,21 +48,6 @@ def peer_errors() -> dict[int, str] | None:
     except Exception:
         return None
     return found
-
-
-@contextlib.contextmanager
-def named_collective(what: str | Callable[[], str]) -> Iterator[None]:
-    """Turn a backend failure inside the block into an error that names the operation, this rank, what the other
-    ranks reported and who never arrived; the message is posted for the others too. ``what`` may be a function,
-    so a description that costs something to build is built only on failure."""
-    try:
-        yield
-    except Exception as exc:
-        if isinstance(exc, RuntimeError) and str(exc).startswith("gradsync:"):
-            raise  # already named (e.g. a desync report)
-        message = f"{what() if callable(what) else what} failed on rank {dist.get_rank()}: {exc}"
-        post_error(message)
-        raise RuntimeError(f"gradsync: {message}{describe_peer_errors(grace=2.0)}") from exc
 
 
 def describe_peer_errors(grace: float = 0.0) -> str:

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import torch.distributed as dist
 
+from gradsync.errors import ConfigError
+
 
 def resolve(group: dist.ProcessGroup | None) -> dist.ProcessGroup:
     """``group``, or the current default (world) group when it is None."""
@@ -17,10 +19,8 @@ def resolve(group: dist.ProcessGroup | None) -> dist.ProcessGroup:
         return group
     world = dist.group.WORLD
     if world is None:
-        raise RuntimeError("gradsync: the default process group is gone (destroyed, or never initialised).")
+        raise ConfigError(
+            "the default process group is gone (destroyed, or never initialised): call gradsync.init() or "
+            "torch.distributed.init_process_group(...) first, or pass process_group= explicitly."
+        )
     return world
-
-
-def rank0_global(group: dist.ProcessGroup | None) -> int:
-    """Global rank of the group's rank 0 (the source of every broadcast)."""
-    return dist.get_global_rank(resolve(group), 0)

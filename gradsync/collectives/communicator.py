@@ -1,0 +1,188 @@
+"""The one path for every collective gradsync issues: named, numbered, checked, and then issued.
+
+Every rank must issue the same collectives in the same order with the same sizes, or gloo and NCCL pair mismatched
+operations: a hang, or silently wrong numbers. gradsync keeps that true by construction: DDP, the reducer, the
+bucket tuner, the join shadows, the sharded optimizer, checkpoints and local SGD all issue their collectives through
+a :class:`Communicator`, which for each one
+
+1. counts it (its place in this communicator's sequence);
+2. with ``GRADSYNC_DEBUG=1``, compares a fingerprint of it across the ranks first (:mod:`.desync`);
+3. issues it, and turns a backend failure (a timeout, a dead peer) into a :class:`~gradsync.errors.CollectiveError`
+   that names the operation, this rank, what the other ranks reported, and who never arrived (:mod:`.peer_errors`).
+
+A joined rank (``DistributedDataParallel.join``) shadows the others by calling the same code with zeros, so its
+sequence, its fingerprints and its collectives match theirs without a hand-kept copy.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from gradsync.collectives import desync
+from gradsync.collectives.groups import resolve
+from gradsync.collectives.peer_errors import describe_peer_errors, post_error
+from gradsync.errors import CollectiveError, GradsyncError
+
+
+class Op(enum.Enum):
+    """Every collective gradsync issues; the value is how errors and desync reports name it."""
+
+    MODEL_CHECK = "comparison of the model (parameters and buffers) across ranks"
+    INITIAL_BROADCAST = "broadcast of rank 0's parameters and buffers at construction"
+    BUFFER_BROADCAST = "broadcast of module buffers before forward"
+    PLAN_BROADCAST = "broadcast of the rebuilt bucket plan"
+    LINK_PROBE = "link probe of the bucket-size tuner"
+    TRIAL_DECISION = "broadcast of the bucket-size trial's decision"
+    BUCKET_ALLREDUCE = "all-reduce of bucket"
+    USAGE_ALLREDUCE = "all-reduce of the used-parameter map"
+    LAST_JOINER = "all-reduce electing the last rank to join"
+    FINAL_MODEL = "broadcast of the last joiner's model"
+    SHARD_ALLGATHER = "all-gather of the optimizer's updated shards"
+    STATE_GATHER = "gather of the optimizer's state shards"
+    PARAMETER_AVERAGE = "all-reduce averaging the parameters"
+    CHECKPOINT_RNG = "gather of every rank's RNG state for a checkpoint"
+    CHECKPOINT_BARRIER = "barrier after writing a checkpoint"
+    MONITOR_GATHER = "gather of every rank's step records"
+
+    @property
+    def code(self) -> int:
+        return _CODES[self]
+
+
+# How a collective is named in errors: a text, or a function that builds it only on failure.
+Description = str | Callable[[], str] | None
+
+_CODES = {op: code for code, op in enumerate(Op, start=1)}
+_NAMES = {code: op.value for op, code in _CODES.items()}
+
+
+class Communicator:
+    """Issues gradsync's collectives on one process group (``None``: the default group, looked up at each use).
+
+    Example::
+
+        comm = Communicator(process_group=None, check_desync=gradsync.settings.debug())
+        comm.broadcast(Op.BUFFER_BROADCAST, flat)           # named on failure, fingerprinted under GRADSYNC_DEBUG
+        fut = comm.all_reduce_async(Op.BUCKET_ALLREDUCE, bucket, index=3)
+        comm.wait(fut, Op.BUCKET_ALLREDUCE, index=3)
+    """
+
+    def __init__(self, process_group: dist.ProcessGroup | None = None, check_desync: bool = False) -> None:
+        self._process_group = process_group
+        self.check_desync = check_desync
+        self.sequence = 0  # collectives issued so far: identical on every rank while they are in step
+        self.step = 0  # the owner's synced step (DDP advances it at each synced forward), for fingerprints
+
+    def begin_step(self) -> None:
+        """A new synced step starts (every rank calls this at the same point, joined ranks' shadows included)."""
+        self.step += 1
+
+    @property
+    def group(self) -> dist.ProcessGroup:
+        return resolve(self._process_group)
+
+    @property
+    def size(self) -> int:
+        return dist.get_world_size(self.group)
+
+    @property
+    def rank(self) -> int:
+        return dist.get_rank(self.group)
+
+    def global_rank(self, group_rank: int) -> int:
+        return dist.get_global_rank(self.group, group_rank)
+
+    # --------------------------------------------------------------------------------------------- collectives
+    def broadcast(self, op: Op, tensor: torch.Tensor, src: int = 0, index: int = -1, what: Description = None) -> None:
+        """Overwrite ``tensor`` with group rank ``src``'s. ``what``, if given, describes it in errors (lazily)."""
+        with self._issuing(op, index, tensor, what):
+            dist.broadcast(tensor, src=self.global_rank(src), group=self.group)
+
+    def all_reduce(self, op: Op, tensor: torch.Tensor, index: int = -1, reduce_op: Any = dist.ReduceOp.SUM) -> None:
+        with self._issuing(op, index, tensor):
+            dist.all_reduce(tensor, op=reduce_op, group=self.group)
+
+    def all_reduce_async(self, op: Op, tensor: torch.Tensor, index: int = -1) -> torch.futures.Future:
+        """Start summing ``tensor`` in place; :meth:`wait` on the returned future."""
+        with self._issuing(op, index, tensor):
+            return dist.all_reduce(tensor, group=self.group, async_op=True).get_future()
+
+    def all_gather(self, op: Op, tensor: torch.Tensor, what: Description = None) -> list[torch.Tensor]:
+        """Every rank's ``tensor`` (same shape on every rank), in group-rank order."""
+        out = [torch.empty_like(tensor) for _ in range(self.size)]
+        with self._issuing(op, -1, tensor, what):
+            dist.all_gather(out, tensor, group=self.group)
+        return out
+
+    def all_gather_object(self, op: Op, obj: Any) -> list[Any]:
+        """Every rank's picklable ``obj``, in group-rank order."""
+        out: list[Any] = [None] * self.size
+        with self._issuing(op, -1, None):
+            dist.all_gather_object(out, obj, group=self.group)
+        return out
+
+    def barrier(self, op: Op) -> None:
+        with self._issuing(op, -1, None):
+            dist.barrier(group=self.group)
+
+    def timed_all_reduce(self, op: Op, tensor: torch.Tensor) -> float:
+        """Seconds one all-reduce of ``tensor`` takes (the desync check, if on, runs before the clock starts)."""
+        with self._issuing(op, -1, tensor):
+            _synchronize(tensor.device)
+            start = time.perf_counter()
+            dist.all_reduce(tensor, group=self.group)
+            _synchronize(tensor.device)  # NCCL returns once enqueued; the time that matters is the stream's
+            return time.perf_counter() - start
+
+    def launch(
+        self, op: Op, index: int, tensor: torch.Tensor, start: Callable[[], torch.futures.Future]
+    ) -> torch.futures.Future:
+        """Issue a collective that ``start`` makes (a communication hook's), counted and checked like the others."""
+        with self._issuing(op, index, tensor):
+            return start()
+
+    def wait(self, future: torch.futures.Future, op: Op, index: int = -1, what: Description = None) -> Any:
+        """The future's value; a failure is named like a failed collective (``what`` describes it, lazily)."""
+        with self._named(op, index, what):
+            return future.wait()
+
+    # ------------------------------------------------------------------------------------------------ helpers
+    @contextlib.contextmanager
+    def _issuing(self, op: Op, index: int, tensor: torch.Tensor | None, what: Description = None) -> Iterator[None]:
+        self.sequence += 1
+        with self._named(op, index, what):
+            if self.check_desync:
+                fingerprint = desync.Fingerprint.of(op.code, self.step, self.sequence, index, tensor)
+                desync.check(self.group, fingerprint, self._device(tensor), _NAMES)
+            yield
+
+    @contextlib.contextmanager
+    def _named(self, op: Op, index: int, what: Description) -> Iterator[None]:
+        try:
+            yield
+        except GradsyncError:
+            raise  # already named (a desync report, a failure inside a nested collective)
+        except Exception as exc:
+            text = what() if callable(what) else what or op.value + (f" {index}" if index >= 0 else "")
+            message = f"{text} failed on rank {dist.get_rank()}: {exc}"
+            post_error(message)
+            raise CollectiveError(message + describe_peer_errors(grace=2.0)) from exc
+
+    def _device(self, tensor: torch.Tensor | None) -> torch.device:
+        if tensor is not None:
+            return tensor.device
+        if dist.get_backend(self.group) == "nccl":
+            return torch.device("cuda", torch.cuda.current_device())
+        return torch.device("cpu")
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)

@@ -1,0 +1,81 @@
+"""Keep replicas identical: check every rank built the same model, then copy rank 0's state to all.
+
+Li et al. (section 3.1): DDP is only equivalent to local training if all replicas start from the same values, so
+the constructor broadcasts rank 0's parameters and buffers. Before that, a model that differs between ranks (a
+rank-dependent branch, a different config, a buffer of another dtype) would silently mis-pair gradients or be
+unpacked into the wrong bytes; the parameter and buffer lists are compared first, and every rank fails with the
+first difference named.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+from gradsync.collectives.communicator import Communicator, Op
+from gradsync.collectives.tensors import broadcast_tensors
+from gradsync.errors import ModelMismatchError
+
+Signature = tuple[str, str, tuple[int, ...], str, str, bool]
+
+
+def model_signature(module: nn.Module) -> list[Signature]:
+    """What every rank must agree on: each parameter's and buffer's name, shape, dtype, device type and
+    requires_grad (values may differ: rank 0's are broadcast)."""
+    params = [
+        ("parameter", n, tuple(p.shape), str(p.dtype), p.device.type, p.requires_grad)
+        for n, p in module.named_parameters()
+    ]
+    buffers = [("buffer", n, tuple(b.shape), str(b.dtype), b.device.type, False) for n, b in module.named_buffers()]
+    return params + buffers
+
+
+def verify_same_model(comm: Communicator, module: nn.Module) -> None:
+    """Raise :class:`ModelMismatchError` on every rank if any rank's parameters or buffers differ, naming the first
+    difference and the ranks involved."""
+    everyone = comm.all_gather_object(Op.MODEL_CHECK, model_signature(module))
+    reference = everyone[0]
+    for rank, theirs in enumerate(everyone[1:], start=1):
+        if theirs != reference:
+            raise ModelMismatchError(_mismatch(comm.global_rank(rank), reference, theirs, everyone))
+
+
+def _mismatch(rank: int, reference: Sequence[Signature], theirs: Sequence[Signature], everyone: list) -> str:
+    pos = next(p for p in range(max(len(reference), len(theirs))) if _at(reference, p) != _at(theirs, p))
+    a, b = _at(reference, pos), _at(theirs, pos)
+    kind = (a or b)[0]  # type: ignore[index]
+    number = sum(1 for sig in reference[:pos] if sig[0] == kind)
+    same = [r for r, sig in enumerate(everyone) if sig == reference]
+    counts = f"{_count(reference, kind)} vs {_count(theirs, kind)} {kind}s"
+    return (
+        f"DistributedDataParallel needs the same model on every rank, but rank {rank} differs from rank 0 at "
+        f"{kind} #{number}: rank 0 has {_describe(a)}, rank {rank} has {_describe(b)} ({counts}; ranks matching "
+        f"rank 0: {same}). Build the model identically on all ranks (same config, no rank-dependent layers or "
+        "buffers) before wrapping it."
+    )
+
+
+def _at(signatures: Sequence[Signature], pos: int) -> Signature | None:
+    return signatures[pos] if pos < len(signatures) else None
+
+
+def _count(signatures: Sequence[Signature], kind: str) -> int:
+    return sum(1 for sig in signatures if sig[0] == kind)
+
+
+def _describe(sig: Signature | None) -> str:
+    if sig is None:
+        return "nothing there"
+    kind, name, shape, dtype, device, requires_grad = sig
+    grad = f" requires_grad={requires_grad}" if kind == "parameter" else ""
+    return f"'{name}' shape={list(shape)} dtype={dtype} device={device}{grad}"
+
+
+def broadcast_initial_state(comm: Communicator, module: nn.Module, include_buffers: bool) -> None:
+    """Copy rank 0's parameters (and buffers) to every rank; call after :func:`verify_same_model`."""
+    tensors: list[torch.Tensor] = [p.detach() for p in module.parameters()]
+    if include_buffers:
+        tensors += list(module.buffers())
+    broadcast_tensors(comm, Op.INITIAL_BROADCAST, tensors)

@@ -1,0 +1,76 @@
+"""The bucket layout: which bucket and slot each parameter's gradient goes to. One value, built whole and replaced
+whole (at the rebuild after iteration 1, and while the tuner's choice is checked), never edited in place."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+
+from gradsync.reducer.buckets import Bucket, assign_buckets, quiet_parameters, write_back
+
+
+class BucketLayout:
+    """Buckets for ``params`` taken in ``order`` under byte ``limits``; ``as_view``: gradient_as_bucket_view.
+
+    >>> layout = BucketLayout([torch.zeros(4), torch.zeros(4)], order=[1, 0], limits=[16, 1 << 20], as_view=False)
+    >>> [b.param_indices for b in layout.buckets]
+    [[1], [0]]
+    """
+
+    def __init__(
+        self, params: Sequence[torch.Tensor], order: Sequence[int], limits: Sequence[int], as_view: bool
+    ) -> None:
+        self.order = list(order)
+        self.limits = list(limits)
+        self.as_view = as_view
+        groups = assign_buckets(params, self.order, self.limits)
+        self.buckets = [Bucket(k, group, params, as_view) for k, group in enumerate(groups)]
+        self.bucket_index_of = [0] * len(params)
+        self.slot_of = [0] * len(params)
+        # Per parameter: the bound method that moves a large gradient in as soon as it is ready, or None for a small
+        # one (gathered when its bucket fills).
+        self.take_of: list[Callable[[int, int | None], None] | None] = [None] * len(params)
+        for bucket in self.buckets:
+            for slot, i in enumerate(bucket.param_indices):
+                self.bucket_index_of[i] = bucket.index
+                self.slot_of[i] = slot
+                self.take_of[i] = bucket.take if bucket.eager[slot] else None
+        # Bucket order, flattened: the write-back is one fused copy over these.
+        self._flat_params = [p for b in self.buckets for p in b.params]
+        self._flat_views = [v for b in self.buckets for v in b.views]
+        self._flat_indices = [i for b in self.buckets for i in b.param_indices]
+
+    def __len__(self) -> int:
+        return len(self.buckets)
+
+    def adopt_current_grads(self) -> None:
+        """gradient_as_bucket_view: keep the gradients accumulated so far, but from now on ``.grad`` is the slot."""
+        if not self.as_view:
+            return
+        for bucket in self.buckets:
+            for view, param in zip(bucket.views, bucket.params):
+                if param.grad is not None:
+                    view.copy_(param.grad)
+                    param.grad = view
+
+    def silence_small_hooks(self, ready_order: Sequence[int]) -> list[int]:
+        """static_graph: per bucket, the small parameters whose hook the last-ready one stands for (see
+        :func:`quiet_parameters`); returns all of them, for the reducer to remove their hooks."""
+        quiet: list[int] = []
+        for bucket in self.buckets:
+            bucket.quiet = quiet_parameters(bucket, ready_order)
+            quiet += bucket.quiet
+        return quiet
+
+    def write_back(self, globally_used: list[int] | None) -> None:
+        """Every bucket's averages into ``.grad`` (one fused copy in the common case)."""
+        write_back(globally_used, self._flat_params, self._flat_views, self._flat_indices, self.as_view)
+
+    def write_back_bucket(self, bucket: Bucket) -> None:
+        """One bucket's averages into its parameters' ``.grad`` (when each bucket is handed on as it lands)."""
+        write_back(None, bucket.params, bucket.views, bucket.param_indices, self.as_view)
+
+    def same_buckets(self, other: BucketLayout) -> bool:
+        """Whether ``other`` groups the parameters identically (then switching between them changes nothing)."""
+        return [b.param_indices for b in self.buckets] == [b.param_indices for b in other.buckets]

@@ -1,0 +1,192 @@
+"""The one-time bucket rebuild after iteration 1, and the check of the bucket-size tuner's proposal with real steps.
+
+Gradients become ready in execution order, not registration order; bucketing in that order lets each bucket
+launch as early as possible (Li et al., VLDB 2020, section 3.2.3). So iteration 1 records the order, and at the next
+synced forward (all ranks in step, memory lowest) the buckets are rebuilt in rank 0's order on every rank: their
+collectives must match. Torch does the same and never rebuilds with a dynamic graph (find_unused_parameters).
+
+With tuning on, the rebuild also proposes bucket caps from iteration 1's timeline (:mod:`.autotune`). A proposal is
+a prediction, so it is checked before it is kept: the next ``2 * TRIAL_PAIRS`` synced steps alternate the proposed
+layout and torch's, every rank switching at the same forward; rank 0 then keeps the proposal only if the median of
+its paired step-time ratios is at most ``1 - KEEP_MARGIN``, and broadcasts that decision. Each step is timed from
+its first gradient to ``.grad`` being final, which covers everything the layout changes (the copies, the
+collectives, and the CPU they take from backward) and nothing it does not (forward, data, optimizer).
+
+States, advanced identically on every rank (a joined rank's shadow steps advance them too)::
+
+    NEVER (dynamic graph)   RECORDING -> PENDING -> [TRIAL -> DECIDING] -> DONE
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import logging
+import statistics
+import time
+from collections.abc import Sequence
+
+import torch
+
+from gradsync.collectives.communicator import Communicator, Op
+from gradsync.reducer import autotune
+from gradsync.reducer.layout import BucketLayout
+
+log = logging.getLogger("gradsync")
+
+TRIAL_PAIRS = 5  # synced steps under each layout, alternated
+KEEP_MARGIN = 0.02  # the proposal must measure at least this much faster than torch's caps (this machine's noise)
+
+
+class State(enum.Enum):
+    NEVER = "no rebuild (dynamic graph)"
+    RECORDING = "recording iteration 1's ready order"
+    PENDING = "rebuild at the next synced forward"
+    TRIAL = "alternating the proposed caps and torch's"
+    DECIDING = "deciding at the next synced forward"
+    DONE = "rebuilt"
+
+
+class Trial:
+    """Alternate two layouts, one synced step each, and time them (first gradient to ``.grad`` final)."""
+
+    def __init__(self, proposed: BucketLayout, default: BucketLayout, pairs: int) -> None:
+        self.layouts = (proposed, default)
+        self.seconds: tuple[list[float], list[float]] = ([], [])
+        self.steps = 2 * pairs
+        self.taken = 0
+
+    @property
+    def complete(self) -> bool:
+        return self.taken >= self.steps
+
+    def next_layout(self) -> BucketLayout:
+        return self.layouts[self.taken % 2]
+
+    def add(self, seconds: float) -> None:
+        self.seconds[self.taken % 2].append(seconds)
+        self.taken += 1
+
+    def result(self) -> autotune.TrialResult:
+        """This rank's measurements; the decision (``kept``) is rank 0's, see :meth:`Rebuild._decide`."""
+        proposed, default = self.seconds
+        ratios = [p / d for p, d in zip(proposed, default) if d > 0]
+        ratio = _median(ratios, float("inf"))
+        kept = ratio <= 1 - KEEP_MARGIN
+        return autotune.TrialResult(len(ratios), _median(proposed, 0.0), _median(default, 0.0), ratio, kept)
+
+
+class Rebuild:
+    """Decides which :class:`BucketLayout` the reducer uses at each synced forward (see the module docstring)."""
+
+    def __init__(
+        self,
+        params: Sequence[torch.Tensor],
+        comm: Communicator,
+        limits: Sequence[int],
+        as_view: bool,
+        enabled: bool,
+        tune: bool,
+    ) -> None:
+        self._params = params
+        self._comm = comm
+        self._limits = list(limits)
+        self._as_view = as_view
+        self._tune = tune
+        self.state = State.RECORDING if enabled else State.NEVER
+        self.tuning: autotune.BucketTuning | None = None
+        self.local_order: list[int] = []  # this rank's observed ready order (iteration 1)
+        self._ready_times: list[float] = []
+        self._backward_start = 0.0
+        self._trial: Trial | None = None
+
+    @property
+    def recording(self) -> bool:
+        return self.state is State.RECORDING
+
+    @property
+    def done(self) -> bool:
+        return self.state is State.DONE
+
+    def record(self, index: int) -> None:
+        """Iteration 1: parameter ``index``'s gradient is ready now."""
+        self.local_order.append(index)
+        self._ready_times.append(time.perf_counter())
+
+    def backward_started(self, when: float) -> None:
+        if self.state is State.RECORDING:
+            self._backward_start = when
+
+    def backward_done(self, seconds: float) -> None:
+        """A synced backward (or a joined rank's shadow of one) ended; it took ``seconds``."""
+        if self.state is State.RECORDING:
+            self.state = State.PENDING
+        elif self.state is State.TRIAL and self._trial is not None:
+            self._trial.add(seconds)
+            if self._trial.complete:
+                self.state = State.DECIDING
+
+    def before_forward(self) -> BucketLayout | None:
+        """The layout to use from this synced forward on, or None to keep the current one. Every rank calls it at
+        the same forward (a collective when the state says so)."""
+        if self.state is State.PENDING:
+            return self._rebuild()
+        if self.state is State.TRIAL and self._trial is not None:
+            return self._trial.next_layout()
+        if self.state is State.DECIDING:
+            return self._decide()
+        return None
+
+    def _rebuild(self) -> BucketLayout:
+        seen = set(self.local_order)
+        order = self.local_order + [i for i in reversed(range(len(self._params))) if i not in seen]
+        proposed = self._limits
+        if self._tune and self._comm.size > 1:  # every rank probes; rank 0's proposal is the one broadcast
+            times = (self.local_order, self._ready_times, self._backward_start)
+            self.tuning = autotune.tune(self._comm, self._params, order, times, self._limits)
+            proposed = self.tuning.proposed_limits
+        plan = torch.tensor(order + proposed, dtype=torch.int64, device=self._params[0].device)
+        self._comm.broadcast(Op.PLAN_BROADCAST, plan)
+        values = plan.tolist()
+        order, proposed = values[: len(order)], values[len(order) :]
+        if self.tuning is not None:
+            self.tuning = dataclasses.replace(self.tuning, proposed_limits=proposed)
+        default = self._layout(order, self._limits)
+        if proposed != self._limits:
+            candidate = self._layout(order, proposed)
+            if not candidate.same_buckets(default):
+                self._trial = Trial(candidate, default, TRIAL_PAIRS)
+                self.state = State.TRIAL
+                return self._trial.next_layout()
+        self._finish(default)
+        return default
+
+    def _layout(self, order: list[int], limits: list[int]) -> BucketLayout:
+        return BucketLayout(self._params, order, limits, self._as_view)
+
+    def _decide(self) -> BucketLayout:
+        assert self._trial is not None
+        mine = self._trial.result()
+        device = self._params[0].device
+        evidence = [float(mine.kept), mine.proposed_s, mine.default_s, mine.ratio, float(mine.pairs)]
+        message = torch.tensor(evidence, dtype=torch.float64, device=device)
+        self._comm.broadcast(Op.TRIAL_DECISION, message)  # rank 0's measurements and decision, on every rank
+        kept, proposed_s, default_s, ratio, pairs = message.tolist()
+        result = autotune.TrialResult(int(pairs), proposed_s, default_s, ratio, bool(kept))
+        winner = self._trial.layouts[0 if result.kept else 1]
+        if self.tuning is not None:
+            self.tuning = dataclasses.replace(self.tuning, trial=result)
+        self._trial = None
+        self._finish(winner)
+        return winner
+
+    def _finish(self, layout: BucketLayout) -> None:
+        self.state = State.DONE
+        if self.tuning is not None:
+            self.tuning = dataclasses.replace(self.tuning, size_limits=layout.limits)
+            if self._comm.rank == 0:
+                log.info("gradsync: %s", self.tuning.describe())
+
+
+def _median(values: Sequence[float], empty: float) -> float:
+    return statistics.median(values) if values else empty

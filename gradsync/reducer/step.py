@@ -1,0 +1,164 @@
+"""One synced backward, from the first gradient to ``.grad`` final: the path of one gradient, in order.
+
+Li et al. (VLDB 2020, section 3.2): autograd accumulates ``param.grad`` and fires the parameter's hook, which calls
+:meth:`BackwardStep.mark_ready`. A large gradient is copied into its bucket slot at once; when a bucket's last
+gradient arrives, its small gradients are gathered in together and, if every earlier bucket has been launched, its
+all-reduce (or communication hook) starts, while backward goes on computing earlier layers. At the end of backward
+:meth:`BackwardStep.finish` waits for the buckets in order and writes the averages back.
+
+A joined rank (``DistributedDataParallel.join``) runs the same object as a *shadow*: every bucket counts as ready
+with zeros, so it issues exactly the collectives the training ranks issue, through the same code.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from gradsync.collectives.communicator import Communicator, Op
+from gradsync.collectives.peer_errors import post_error
+from gradsync.errors import GradientError
+from gradsync.observe.recorder import Recorder
+from gradsync.reducer import messages
+from gradsync.reducer.buckets import Bucket
+from gradsync.reducer.layout import BucketLayout
+from gradsync.reducer.unused import GlobalUsage
+
+# (bucket index, flat buffer, per-parameter views of it, is last bucket) -> future of the averaged buffer
+ReduceBucket = Callable[[int, torch.Tensor, list[torch.Tensor], bool], torch.futures.Future]
+
+
+@dataclass(frozen=True)
+class StepContext:
+    """What every step of one reducer shares. The reducer builds a new one when an extension point changes (a comm
+    hook, a recorder, a per-bucket callback), so a step never tests whether a feature is on."""
+
+    names: Sequence[str]
+    comm: Communicator
+    reduce: ReduceBucket
+    divisor: int | None  # the world size when gradients are divided on their way in (no comm hook)
+    usage: GlobalUsage
+    recorder: Recorder
+    bucket_reduced: Callable[[Bucket], None] | None  # hand each bucket on as soon as its averages are in .grad
+
+
+class BackwardStep:
+    """The state of one synced backward: which gradients are in, which buckets are launched, their futures."""
+
+    def __init__(self, ctx: StepContext, layout: BucketLayout, scale: float = 1.0, shadow: bool = False) -> None:
+        self.ctx = ctx
+        self.layout = layout
+        self.scale = scale  # applied to the averages (join with divide_by_initial_world_size=False)
+        self.ready = bytearray(len(ctx.names))
+        self.used = ctx.usage.local_map()  # None unless this step all-reduces a usage map
+        self.pending = [b.hooked_count for b in layout.buckets]
+        self.futures: list[torch.futures.Future] = []
+        self.next_launch = 0
+        self.started = 0.0  # perf_counter() at the first gradient
+        self.buffers = [torch.zeros_like(b.buffer) for b in layout.buckets] if shadow else None
+        self._bucket_done = _ignore if shadow else (self._hand_on if ctx.bucket_reduced else _ignore)
+        self._all_done = _ignore_used if shadow or ctx.bucket_reduced else self._write_back
+        # Hot-path lookups, bound once per step.
+        self._take_of = layout.take_of
+        self._slot_of = layout.slot_of
+        self._bucket_index_of = layout.bucket_index_of
+        self._divisor = ctx.divisor
+
+    # ------------------------------------------------------------------------------------ during backward
+    def mark_ready(self, i: int) -> None:
+        """Parameter ``i``'s gradient is final for this backward (its hook fired, or it is unused)."""
+        if self.ready[i]:
+            raise GradientError(messages.ready_twice(self.ctx.names[i]))
+        self.ready[i] = 1
+        take = self._take_of[i]
+        if take is not None:  # a large gradient: into its slot now, spreading the copying over backward
+            take(self._slot_of[i], self._divisor)
+        k = self._bucket_index_of[i]
+        self.pending[k] -= 1
+        if self.pending[k] == 0:
+            self._bucket_filled(k)
+
+    def _bucket_filled(self, k: int) -> None:
+        bucket = self.layout.buckets[k]
+        for j in bucket.quiet:  # static_graph: the last-ready hook stood for these
+            self.ready[j] = 1
+        bucket.gather_small_grads(self._divisor)
+        self.ctx.recorder.bucket_ready(k)
+        if k == self.next_launch:
+            self._launch_ready()
+
+    def _launch_ready(self) -> None:
+        # Strictly in bucket order: every rank must issue identical collectives in an identical sequence.
+        buckets = self.layout.buckets
+        while self.next_launch < len(buckets) and self.pending[self.next_launch] == 0:
+            k = self.next_launch
+            buffer, views = self._buffer_and_views(k)
+            future = self.ctx.reduce(k, buffer, views, k == len(buckets) - 1)
+            self.futures.append(future)
+            self.next_launch += 1
+            self.ctx.recorder.bucket_launched(k, future)
+        if self.next_launch == len(buckets) and self.used is not None:
+            self.ctx.usage.start(self.used, buckets[0].buffer.device)  # after the last bucket: it delays none
+
+    def _buffer_and_views(self, k: int) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        bucket = self.layout.buckets[k]
+        if self.buffers is None:
+            return bucket.buffer, bucket.views
+        zeros = self.buffers[k]
+        sizes = [v.numel() for v in bucket.views]
+        return zeros, [piece.view_as(v) for piece, v in zip(zeros.split(sizes), bucket.views)]
+
+    def launch_all_as_shadow(self) -> None:
+        """A joined rank: every bucket is ready (with zeros) at once; nothing is used on this rank."""
+        self.pending = [0] * len(self.pending)
+        self._launch_ready()
+
+    # ----------------------------------------------------------------------------------- end of backward
+    def finish(self) -> None:
+        """Wait for every bucket in order, then write the averages into ``.grad``."""
+        if self.next_launch < len(self.layout.buckets):
+            self._raise_not_ready()
+        for k, future in enumerate(self.futures):
+            describe = lambda k=k: f"all-reduce of {self.describe_bucket(k)}"  # noqa: E731 (built only on failure)
+            result: Any = self.ctx.comm.wait(future, Op.BUCKET_ALLREDUCE, k, describe)
+            if isinstance(result, list):  # the built-in all-reduce's future holds [tensor]
+                result = result[0]
+            buffer = self.layout.buckets[k].buffer if self.buffers is None else self.buffers[k]
+            if result.data_ptr() != buffer.data_ptr():
+                buffer.copy_(result.view_as(buffer))
+            self._bucket_done(self.layout.buckets[k])
+        # Hold no finished futures past this point: gloo work objects that outlive the process group are destroyed
+        # during interpreter teardown and abort the process ("terminate called ...").
+        self.futures = []
+        self._all_done(self.ctx.usage.result())
+
+    def _hand_on(self, bucket: Bucket) -> None:
+        if self.scale != 1.0:
+            bucket.buffer.mul_(self.scale)
+        self.layout.write_back_bucket(bucket)
+        self.ctx.bucket_reduced(bucket)  # type: ignore[misc]
+
+    def _write_back(self, globally_used: list[int] | None) -> None:
+        if self.scale != 1.0:
+            torch._foreach_mul_([b.buffer for b in self.layout.buckets], self.scale)
+        self.layout.write_back(globally_used)
+
+    def describe_bucket(self, k: int) -> str:
+        return messages.bucket_description(self.layout.buckets[k], len(self.layout.buckets), self.ctx.names)
+
+    def _raise_not_ready(self) -> None:
+        missing = [name for name, ready in zip(self.ctx.names, self.ready) if not ready]
+        message = messages.no_gradient(torch.distributed.get_rank(), missing)
+        post_error(message)
+        raise GradientError(message)
+
+
+def _ignore(_bucket: Bucket) -> None:
+    pass
+
+
+def _ignore_used(_globally_used: list[int] | None) -> None:
+    pass

@@ -1,0 +1,65 @@
+"""The environment variables gradsync reads, parsed in one place: each is read once, where an object is built, and a
+value gradsync cannot use is refused by name instead of being taken for something else.
+
+| variable | meaning | default |
+|---|---|---|
+| ``GRADSYNC_DEBUG`` | compare every collective's fingerprint across ranks first | off |
+| ``GRADSYNC_BUCKET_TUNING`` | tune bucket sizes at the rebuild when ``bucket_cap_mb=None`` | on |
+| ``GRADSYNC_TIMEOUT`` | seconds before a collective fails instead of hanging | 600 |
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping
+
+from gradsync.errors import ConfigError
+
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off")
+
+
+def read_bool(name: str, default: bool, environ: Mapping[str, str] | None = None) -> bool:
+    """``name`` as a boolean: 1/true/yes/on or 0/false/no/off (any case); unset or empty gives ``default``.
+
+    >>> read_bool("GRADSYNC_DEBUG", False, {"GRADSYNC_DEBUG": "off"})
+    False
+    """
+    value = (os.environ if environ is None else environ).get(name, "").strip().lower()
+    if not value:
+        return default
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise ConfigError(f"{name}={value!r} is not a boolean: use one of {', '.join(_TRUE + _FALSE)}.")
+
+
+def read_seconds(name: str, default: float, environ: Mapping[str, str] | None = None) -> float:
+    """``name`` as a positive, finite number of seconds; unset or empty gives ``default``."""
+    value = (os.environ if environ is None else environ).get(name, "").strip()
+    if not value:
+        return default
+    try:
+        seconds = float(value)
+    except ValueError:
+        raise ConfigError(f"{name}={value!r} is not a number of seconds (e.g. {name}=600).") from None
+    if not (seconds > 0 and math.isfinite(seconds)):
+        raise ConfigError(f"{name}={value!r}: the timeout must be a positive number of seconds (e.g. {name}=600).")
+    return seconds
+
+
+def debug(environ: Mapping[str, str] | None = None) -> bool:
+    """``GRADSYNC_DEBUG``: check before each collective that every rank is about to issue the same one."""
+    return read_bool("GRADSYNC_DEBUG", False, environ)
+
+
+def bucket_tuning(environ: Mapping[str, str] | None = None) -> bool:
+    """``GRADSYNC_BUCKET_TUNING``: with ``bucket_cap_mb=None``, let the tuner choose the caps at the rebuild."""
+    return read_bool("GRADSYNC_BUCKET_TUNING", True, environ)
+
+
+def timeout_seconds(default: float, environ: Mapping[str, str] | None = None) -> float:
+    """``GRADSYNC_TIMEOUT``: seconds before a collective fails instead of hanging."""
+    return read_seconds("GRADSYNC_TIMEOUT", default, environ)
