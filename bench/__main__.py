@@ -26,6 +26,8 @@ from rich.table import Table
 
 from bench import netlab
 from bench.plot import plot
+from bench.zoo import MODELS
+from gradsync.reducer.rebuild import TRIAL_PAIRS
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -141,12 +143,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--model", default="mlp", help="mlp | gpt | cnn | tiny")
+    parser.add_argument("--model", default="mlp", help=" | ".join(MODELS))
     parser.add_argument("--variants", default="local;allreduce;torch;gradsync", help="';'-separated specs")
     parser.add_argument("--link", default="loopback", help="loopback, or a tc rate such as 1gbit")
     parser.add_argument("--delay", default=None, help="added one-way delay on shaped links, e.g. 1ms")
     parser.add_argument("--steps", type=int, default=20)
-    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument(
+        "--warmup",
+        type=int,
+        default=4 + 2 * TRIAL_PAIRS,
+        help="unmeasured rounds first; the default lets gradsync's tuner finish its check (rebuild at step 2, "
+        "then 2 x TRIAL_PAIRS alternated steps), so figures are the steady state",
+    )
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--timeout", type=float, default=900)
     parser.add_argument("--out", default="bench/results/latest.json")

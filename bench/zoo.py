@@ -3,6 +3,8 @@ small BatchNorm parameters (CNN), and ~1,000 tiny parameters (per-hook Python ov
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 
@@ -21,6 +23,24 @@ class ResidualMLP(nn.Module):
         for block in self.blocks:
             h = h + torch.relu(block(h))
         return self.out(h)
+
+
+class LayerNormMLP(nn.Module):
+    """~9.5M parameters: 8 pre-norm residual blocks of LayerNorm -> Linear(384, 1536) -> ReLU -> Linear(1536, 384),
+    and a Linear(384, 10) head (the residual MLP of the reducer issue's tuner figures)."""
+
+    def __init__(self, width: int = 384, hidden: int = 1536, blocks: int = 8, out: int = 10) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(
+            nn.Sequential(nn.LayerNorm(width), nn.Linear(width, hidden), nn.ReLU(), nn.Linear(hidden, width))
+            for _ in range(blocks)
+        )
+        self.head = nn.Linear(width, out)
+
+    def forward(self, x):
+        for block in self.blocks:
+            x = x + block(x)
+        return self.head(x)
 
 
 class TinyGPT(nn.Module):
@@ -71,17 +91,19 @@ class ManyTiny(nn.Module):
         return x
 
 
-def make(name: str) -> tuple[nn.Module, callable]:
+def make(name: str) -> tuple[nn.Module, Callable]:
     """The model and a function ``batch(batch_size, generator) -> (input, loss_fn)``."""
     if name == "mlp":
         return ResidualMLP(), lambda b, g: (torch.randn(b, 256, generator=g), lambda out: out.pow(2).mean())
+    if name == "lnmlp":
+        return LayerNormMLP(), lambda b, g: (torch.randn(b, 384, generator=g), lambda out: out.pow(2).mean())
     if name == "gpt":
         return TinyGPT(), lambda b, g: (torch.randint(0, 512, (b, 64), generator=g), lambda out: out.pow(2).mean())
     if name == "cnn":
         return BNConvNet(), lambda b, g: (torch.randn(b, 3, 16, 16, generator=g), lambda out: out.pow(2).mean())
     if name == "tiny":
         return ManyTiny(), lambda b, g: (torch.randn(b, 16, generator=g), lambda out: out.pow(2).mean())
-    raise ValueError(f"unknown model '{name}'; choose from mlp, gpt, cnn, tiny")
+    raise ValueError(f"unknown model '{name}'; choose from {', '.join(MODELS)}")
 
 
-MODELS = ("mlp", "gpt", "cnn", "tiny")
+MODELS = ("mlp", "lnmlp", "gpt", "cnn", "tiny")

@@ -43,7 +43,7 @@ class SpawnError(RuntimeError):
         super().__init__(f"{len(failures)} rank(s) failed:\n" + "\n".join(lines))
 
 
-def _context() -> mp.context.BaseContext:
+def _context() -> mp.context.ForkServerContext:
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(["torch", "torch.distributed", "gradsync"])
     return ctx
@@ -115,27 +115,8 @@ def spawn(
     ]
     for p in procs:
         p.start()
-    outputs: dict[int, Any] = {}
-    failures: dict[int, RankFailure] = {}
-    deadline = time.monotonic() + timeout
     try:
-        while len(outputs) + len(failures) < world_size and time.monotonic() < deadline:
-            try:
-                status, rank, payload = results.get(timeout=0.05)
-            except queue.Empty:
-                for r, p in enumerate(procs):  # a rank that died without a word (os._exit, a signal)
-                    if p.exitcode not in (None, 0) and r not in outputs and r not in failures:
-                        time.sleep(0.2)  # its message may still be in the pipe
-                        if results.empty():
-                            failures[r] = RankFailure(r, "ProcessDied", f"exit code {p.exitcode}")
-                continue
-            if status == "ok":
-                outputs[rank] = pickle.loads(payload)
-            else:
-                failures[rank] = payload
-        for r in range(world_size):
-            if r not in outputs and r not in failures:
-                failures[r] = RankFailure(r, "Timeout", f"still running after {timeout:.0f}s (a hang)")
+        outputs, failures = _collect(procs, results, timeout)
     finally:
         for p in procs:
             p.join(timeout=5)
@@ -145,7 +126,32 @@ def spawn(
         del store
     if failures:
         raise SpawnError(dict(sorted(failures.items())), outputs)
-    return [outputs[r] for r in range(world_size)]
+    return [outputs[r] for r in range(len(procs))]
+
+
+def _collect(procs: list, results: Any, timeout: float) -> tuple[dict[int, Any], dict[int, RankFailure]]:
+    """Each rank's result or failure; a rank still running after ``timeout`` seconds is a hang."""
+    outputs: dict[int, Any] = {}
+    failures: dict[int, RankFailure] = {}
+    deadline = time.monotonic() + timeout
+    while len(outputs) + len(failures) < len(procs) and time.monotonic() < deadline:
+        try:
+            status, rank, payload = results.get(timeout=0.05)
+        except queue.Empty:
+            for r, p in enumerate(procs):  # a rank that died without a word (os._exit, a signal)
+                if p.exitcode not in (None, 0) and r not in outputs and r not in failures:
+                    time.sleep(0.2)  # its message may still be in the pipe
+                    if results.empty():
+                        failures[r] = RankFailure(r, "ProcessDied", f"exit code {p.exitcode}")
+            continue
+        if status == "ok":
+            outputs[rank] = pickle.loads(payload)
+        else:
+            failures[rank] = payload
+    for r in range(len(procs)):
+        if r not in outputs and r not in failures:
+            failures[r] = RankFailure(r, "Timeout", f"still running after {timeout:.0f}s (a hang)")
+    return outputs, failures
 
 
 def spawn_failures(fn: Callable[..., Any], **kwargs: Any) -> dict[int, RankFailure]:

@@ -7,10 +7,10 @@ save is the batches the loop received × the batch size. This wrapper counts exa
 from __future__ import annotations
 
 from collections.abc import Iterator, Sized
-from typing import Any
+from typing import Any, cast
 
 import torch
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, Dataset
 
 from gradsync.data.sampler import DistributedSampler
 
@@ -53,7 +53,9 @@ class DistributedLoader:
         # rank, keeps the global stream untouched and worker seeds reproducible.
         self._own_generator = "generator" not in dataloader_kwargs
         dataloader_kwargs.setdefault("generator", torch.Generator())
-        self.loader = DataLoader(dataset, batch_size=batch_size, sampler=self.sampler, **dataloader_kwargs)
+        # A map-style dataset is any Sized object with __getitem__; torch's stubs ask for a Dataset subclass.
+        data = cast(Dataset, dataset)
+        self.loader: DataLoader = DataLoader(data, batch_size=batch_size, sampler=self.sampler, **dataloader_kwargs)
         self._start = 0
         self._batches = 0
 

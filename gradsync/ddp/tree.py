@@ -43,8 +43,8 @@ def map_tensors(fn: Callable[[torch.Tensor], torch.Tensor], obj: Any) -> Any:
     if isinstance(obj, (list, tuple)):
         return type(obj)(map_tensors(fn, v) for v in obj)
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        out = copy.copy(obj)
+        duplicate = copy.copy(obj)
         for field in dataclasses.fields(obj):
-            object.__setattr__(out, field.name, map_tensors(fn, getattr(obj, field.name)))
-        return out
+            object.__setattr__(duplicate, field.name, map_tensors(fn, getattr(obj, field.name)))
+        return duplicate
     return obj

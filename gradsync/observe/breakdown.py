@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import statistics
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from gradsync.observe.recorder import StepRecord
 
@@ -86,7 +86,7 @@ class Arrival:
     slowest_rank: int
 
 
-def arrivals(per_rank: dict[int, Sequence[StepRecord]]) -> list[Arrival]:
+def arrivals(per_rank: Mapping[int, Sequence[StepRecord]]) -> list[Arrival]:
     """For each step and bucket present on every rank: how late the last rank arrived, and which rank it was."""
     out = []
     n_steps = min((len(s) for s in per_rank.values()), default=0)
@@ -96,12 +96,12 @@ def arrivals(per_rank: dict[int, Sequence[StepRecord]]) -> list[Arrival]:
         for k in range(n_buckets):
             launches = {r: s.buckets[k].launch for r, s in recs.items() if s.buckets[k].launch}
             if len(launches) == len(recs):
-                slowest = max(launches, key=launches.get)
+                slowest = max(launches, key=lambda r: launches[r])
                 out.append(Arrival(i, k, launches[slowest] - min(launches.values()), slowest))
     return out
 
 
-def slowest_rank(per_rank: dict[int, Sequence[StepRecord]]) -> tuple[int, float] | None:
+def slowest_rank(per_rank: Mapping[int, Sequence[StepRecord]]) -> tuple[int, float] | None:
     """The rank that most often arrived last, and its median lateness in seconds."""
     found = arrivals(per_rank)
     if not found:

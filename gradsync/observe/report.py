@@ -18,12 +18,20 @@ PHASES = [("forward", "tab:blue"), ("backward", "tab:orange"), ("exposed_comm", 
 
 
 def plot(per_rank: dict[int, list[StepRecord]], out: Path, step: int = -1) -> None:
+    """Write a PNG: ``step``'s timeline on every rank, above each rank's median breakdown."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, (timeline, bars) = plt.subplots(2, 1, figsize=(11, 2.2 + 1.1 * len(per_rank)), constrained_layout=True)
+    _draw_timeline(timeline, per_rank, step)
+    _draw_breakdown(bars, per_rank)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+
+
+def _draw_timeline(axes, per_rank: dict[int, list[StepRecord]], step: int) -> None:
     ranks = sorted(per_rank)
     origin = min(steps[step].forward_start for steps in per_rank.values() if steps)
     for y, rank in enumerate(ranks):
@@ -36,30 +44,32 @@ def plot(per_rank: dict[int, list[StepRecord]], out: Path, step: int = -1) -> No
         ]
         for start, end, color in spans:
             if start and end:
-                timeline.broken_barh([((start - origin) * 1e3, (end - start) * 1e3)], (y - 0.4, 0.35), color=color)
+                axes.broken_barh([((start - origin) * 1e3, (end - start) * 1e3)], (y - 0.4, 0.35), color=color)
         for b in s.buckets:
             if b.launch and b.done:
-                timeline.broken_barh(
+                axes.broken_barh(
                     [((b.launch - origin) * 1e3, (b.done - b.launch) * 1e3)],
                     (y + 0.05, 0.35),
                     color="tab:purple",
                     alpha=0.5 + 0.5 * (b.index % 2),
                     edgecolor="black",
                 )
-    timeline.set_yticks(range(len(ranks)), [f"rank {r}" for r in ranks])
-    timeline.set_xlabel("ms since the step began (lower bar: compute; upper bar: bucket all-reduces)")
-    timeline.set_title("one step's timeline")
+    axes.set_yticks(range(len(ranks)), [f"rank {r}" for r in ranks])
+    axes.set_xlabel("ms since the step began (lower bar: compute; upper bar: bucket all-reduces)")
+    axes.set_title("one step's timeline")
+
+
+def _draw_breakdown(axes, per_rank: dict[int, list[StepRecord]]) -> None:
+    ranks = sorted(per_rank)
     bottom = [0.0] * len(ranks)
     medians = [median_breakdown(per_rank[r]) for r in ranks]
     for phase, color in PHASES:
         values = [getattr(m, phase) * 1e3 if m else 0.0 for m in medians]
-        bars.barh([f"rank {r}" for r in ranks], values, left=bottom, color=color, label=phase.replace("_", " "))
+        axes.barh([f"rank {r}" for r in ranks], values, left=bottom, color=color, label=phase.replace("_", " "))
         bottom = [a + b for a, b in zip(bottom, values)]
-    bars.set_xlabel("median ms per step")
-    bars.legend(loc="lower right", fontsize="small")
-    bars.set_title("where each step's time goes")
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
+    axes.set_xlabel("median ms per step")
+    axes.legend(loc="lower right", fontsize="small")
+    axes.set_title("where each step's time goes")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

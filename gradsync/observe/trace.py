@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from gradsync.observe.recorder import BucketRecord, StepRecord
@@ -25,7 +25,7 @@ def _slice(name: str, start: float, end: float, pid: int, tid: int, origin: floa
     }
 
 
-def chrome_trace(per_rank: dict[int, Sequence[StepRecord]]) -> dict[str, Any]:
+def chrome_trace(per_rank: Mapping[int, Sequence[StepRecord]]) -> dict[str, Any]:
     starts = [s.forward_start for steps in per_rank.values() for s in steps if s.forward_start]
     origin = min(starts, default=0.0)
     events: list[dict[str, Any]] = []
@@ -63,7 +63,7 @@ def chrome_trace(per_rank: dict[int, Sequence[StepRecord]]) -> dict[str, Any]:
     return {"traceEvents": events, "displayTimeUnit": "ms", "otherData": {"gradsync": {"ranks": raw}}}
 
 
-def write_chrome_trace(per_rank: dict[int, Sequence[StepRecord]], path: str | os.PathLike) -> None:
+def write_chrome_trace(per_rank: Mapping[int, Sequence[StepRecord]], path: str | os.PathLike) -> None:
     with open(path, "w") as fh:
         json.dump(chrome_trace(per_rank), fh)
 

@@ -53,7 +53,7 @@ class OverlappedOptimizer(Optimizer):
             inner.param_groups[0].update(hyper)  # learning-rate schedulers edit self.param_groups
             inner.step()
 
-    def step(self, closure: Callable[[], float] | None = None) -> float | None:
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]
         """Nothing to do: backward already stepped every bucket. Returns the closure's loss if one is given."""
         if closure is not None:
             with torch.enable_grad():

@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.distributed.algorithms.join import Join, Joinable, JoinHook
 from torch.optim import Optimizer
 
 from gradsync import settings
@@ -40,7 +41,7 @@ def partition(sizes: list[int], world_size: int) -> list[int]:
     return owner
 
 
-class ShardedOptimizer(Optimizer):
+class ShardedOptimizer(Optimizer, Joinable):
     """An optimizer whose state lives on one rank per parameter. Use it exactly like ``optimizer_class``.
 
     Example::
@@ -61,6 +62,7 @@ class ShardedOptimizer(Optimizer):
         **defaults: Any,
     ) -> None:
         super().__init__(params, defaults)
+        Joinable.__init__(self)
         self._comm = Communicator(process_group, check_desync=settings.debug())
         self.optimizer_class = optimizer_class
         self._all = [p for g in self.param_groups for p in g["params"]]
@@ -84,8 +86,26 @@ class ShardedOptimizer(Optimizer):
         self.local = optimizer_class(local_groups, **defaults) if self._local_to_global else None
         self._consolidated: dict[int, Any] | None = None
 
+    def gather_shards(self) -> None:
+        """Every rank sends its updated shard and receives the others' (a joined rank sends its unchanged one)."""
+        shards = [[p for p, o in zip(self._all, self.owner) if o == r] for r in range(self.world_size)]
+        all_gather_shards(self._comm, Op.SHARD_ALLGATHER, shards)
+
+    # Joinable (torch's ZeroRedundancyOptimizer is one too): with uneven inputs, ``Join([ddp, optimizer])``.
+    def join_hook(self, **kwargs: Any) -> JoinHook:
+        return _ShardJoinHook(self)
+
+    @property
+    def join_device(self) -> torch.device:
+        return self._all[0].device
+
+    @property
+    def join_process_group(self) -> dist.ProcessGroup:
+        return self._comm.group
+
     @torch.no_grad()
-    def step(self, closure: Callable[[], float] | None = None) -> float | None:
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]
+        Join.notify_join_context(self)  # inside Join([...]): the joined ranks still gather with this one
         loss = None
         if closure is not None:
             with torch.enable_grad():
@@ -94,8 +114,7 @@ class ShardedOptimizer(Optimizer):
             for mine, full in zip(self.local.param_groups, self.param_groups):
                 mine.update(_hyper(full))  # learning-rate schedulers edit self.param_groups
             self.local.step()
-        shards = [[p for p, o in zip(self._all, self.owner) if o == r] for r in range(self.world_size)]
-        all_gather_shards(self._comm, Op.SHARD_ALLGATHER, shards)
+        self.gather_shards()
         return loss
 
     def local_state_bytes(self) -> int:
@@ -142,6 +161,16 @@ class ShardedOptimizer(Optimizer):
             groups.append({**_hyper(g), "params": list(range(local_i, local_i + len(mine_g["params"])))})
             local_i += len(mine_g["params"])
         self.local.load_state_dict({"state": state, "param_groups": groups})
+
+
+class _ShardJoinHook(JoinHook):
+    """A joined rank still takes part in each step's all-gather of the shards (torch's ZeroRedundancyOptimizer too)."""
+
+    def __init__(self, optimizer: ShardedOptimizer) -> None:
+        self.optimizer = optimizer
+
+    def main_hook(self) -> None:
+        self.optimizer.gather_shards()
 
 
 def _hyper(group: dict[str, Any]) -> dict[str, Any]:

@@ -13,6 +13,8 @@ import time
 import torch
 import torch.distributed as dist
 
+from gradsync import settings
+
 DEFAULT_TIMEOUT_S = 600.0  # torch's own default for gloo and NCCL; GRADSYNC_TIMEOUT (seconds) overrides
 
 
@@ -56,7 +58,7 @@ def discover(environ: dict[str, str] | None = None) -> dict[str, str]:
     of a lone process."""
     env = dict(os.environ if environ is None else environ)
     if "RANK" in env and "WORLD_SIZE" in env:
-        out = {k: env[k] for k in ("RANK", "WORLD_SIZE") if k in env}
+        out: dict[str, str] = {k: env[k] for k in ("RANK", "WORLD_SIZE") if k in env}
         out["LOCAL_RANK"] = env.get("LOCAL_RANK", "0")
         out["LOCAL_WORLD_SIZE"] = env.get("LOCAL_WORLD_SIZE", "1")
         out["MASTER_ADDR"] = env.get("MASTER_ADDR", "127.0.0.1")
@@ -102,7 +104,7 @@ def init(backend: str | None = None, timeout: float | datetime.timedelta | None 
     if dist.is_initialized():
         return DistInfo(dist.get_rank(), dist.get_world_size(), local_rank, local_world, device, dist.get_backend())
     if timeout is None:
-        timeout = float(os.environ.get("GRADSYNC_TIMEOUT", DEFAULT_TIMEOUT_S))
+        timeout = settings.timeout_seconds(DEFAULT_TIMEOUT_S)
     if not isinstance(timeout, datetime.timedelta):
         timeout = datetime.timedelta(seconds=float(timeout))
     atexit.register(release_backend_threads)  # also for scripts that never call shutdown()
