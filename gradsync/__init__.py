@@ -4,6 +4,7 @@ from gradsync.comm.grad_bucket import GradBucket
 from gradsync.data import DistributedLoader, DistributedSampler
 from gradsync.ddp import DistributedDataParallel
 from gradsync.errors import GradsyncError
+from gradsync.nn import SyncBatchNorm
 from gradsync.optim import ShardedOptimizer, ZeroRedundancyOptimizer
 from gradsync.runtime import checkpoint
 from gradsync.runtime.env import DistInfo, init, shutdown
@@ -18,6 +19,7 @@ __all__ = [
     "GradBucket",
     "GradsyncError",
     "ShardedOptimizer",
+    "SyncBatchNorm",
     "ZeroRedundancyOptimizer",
     "__version__",
     "checkpoint",

@@ -6,6 +6,8 @@ import os
 import sys
 from collections.abc import Sequence
 
+from gradsync.errors import ConfigError
+
 USAGE = """usage: gradsync <command> [args]
 
 commands:
@@ -16,7 +18,17 @@ commands:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """``gradsync <command>``: a user error prints one line and exits with 2, never a traceback."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        return _dispatch(argv)
+    except ConfigError as error:
+        command = argv[0] if argv else ""
+        print(f"gradsync {command}: {error.message}", file=sys.stderr)
+        return 2
+
+
+def _dispatch(argv: list[str]) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print(USAGE)
         return 0 if argv else 2

@@ -45,3 +45,7 @@ class ModelMismatchError(GradsyncError, ValueError):
 
 class ConfigError(GradsyncError, ValueError):
     """An argument or environment variable gradsync cannot honour; the message names it and the fix."""
+
+
+class CheckpointError(GradsyncError):
+    """A checkpoint could not be written or read; the message names the file and what is wrong with it."""

@@ -120,8 +120,8 @@ def _tuned(rank: int, world_size: int, keep_on_rank0: bool) -> dict:
     # Each rank would decide differently (rank 0: propose 16 KiB buckets; rank 1: keep the default); rank 0's
     # proposal is tried for one pair of steps, and rank 0's verdict on the measurement is what every rank applies.
     rebuild.TRIAL_PAIRS = 1
+    autotune.CANDIDATE_CAPS_MB = (1 / 64,)  # configuration: the same everywhere (it decides whether all probe)
     if rank == 0:
-        autotune.CANDIDATE_CAPS_MB = (1 / 64,)
         autotune.MIN_GAIN = -1e9  # always propose
         rebuild.KEEP_MARGIN = -1e9 if keep_on_rank0 else 1e9
     else:

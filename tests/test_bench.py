@@ -14,10 +14,10 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.mark.timeout(120)
 def test_bench_writes_ratios_tuning_and_a_png(tmp_path: Path) -> None:
-    out = tmp_path / "tiny.json"
+    out = tmp_path / "cnn.json"  # 1 MiB of gradients: enough for the tuner to probe (tiny models are not tuned)
     variants = "local;torch;gradsync;gradsync:tune=0;gradsync:static=1,view=1"
     subprocess.run(
-        [sys.executable, "-m", "bench", "--model", "tiny", "--variants", variants, "--steps", "3", "--warmup", "2"]
+        [sys.executable, "-m", "bench", "--model", "cnn", "--variants", variants, "--steps", "3", "--warmup", "2"]
         + ["--batch", "4", "--timeout", "100", "--out", str(out)],
         cwd=ROOT,
         check=True,

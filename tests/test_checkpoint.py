@@ -92,7 +92,7 @@ def test_interrupted_and_resumed_equals_uninterrupted(tmp_path: Path, stop_after
 
 def test_restore_names_missing_entries(tmp_path: Path) -> None:
     checkpoint.save(tmp_path / "x.pt", step=3)
-    with pytest.raises(KeyError, match="has no 'optimizer'"):
+    with pytest.raises(gradsync.errors.CheckpointError, match="has no 'optimizer'"):
         checkpoint.restore(checkpoint.load(tmp_path / "x.pt"), optimizer=torch.optim.SGD([nn.Parameter(torch.ones(1))]))
     with pytest.raises(FileNotFoundError, match="no checkpoint at"):
         checkpoint.load(tmp_path / "missing.pt")

@@ -70,20 +70,6 @@ def test_unused_on_one_rank_fails_every_rank_with_the_cause() -> None:
     assert "rank 1 reported" in failures[0].message and "find_unused_parameters=True" in failures[0].message
 
 
-def _backward_twice(rank: int, world_size: int) -> None:
-    ddp = gradsync.DistributedDataParallel(nn.Linear(3, 1))
-    loss = ddp(torch.randn(2, 3)).sum()
-    loss.backward(retain_graph=True)
-    loss.backward()
-
-
-@pytest.mark.timeout(60)
-def test_second_backward_without_forward_is_an_error() -> None:
-    failures = spawn_failures(_backward_twice, timeout=50, pg_timeout=10)
-    for f in failures.values():
-        assert "again after its gradients were already averaged" in f.message and "no_sync" in f.message
-
-
 def _bad_arguments(rank: int, world_size: int) -> list[str]:
     messages = []
     for make in (
@@ -106,7 +92,7 @@ def _bad_arguments(rank: int, world_size: int) -> list[str]:
 def test_bad_arguments_say_what_to_change() -> None:
     msgs = spawn(_bad_arguments, timeout=50)[0]
     assert msgs[0].startswith("ValueError: gradsync: bucket_cap_mb must be > 0")
-    assert msgs[1].startswith("ValueError") and "no parameter that requires grad" in msgs[1]
+    assert msgs[1].startswith("ValueError") and "doesn't have any parameter that requires a gradient" in msgs[1]
     assert msgs[2].startswith("TypeError") and "'mixed_precision'" in msgs[2] and "does not implement" in msgs[2]
     assert msgs[3].startswith("TypeError") and "'bucket_size'" in msgs[3] and "no such argument" in msgs[3]
     assert msgs[4].startswith("TypeError") and "wraps an nn.Module" in msgs[4]

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import sys
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -25,6 +26,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from gradsync import settings
 from gradsync.collectives import desync
 from gradsync.collectives.groups import resolve
 from gradsync.collectives.peer_errors import describe_peer_errors, post_error
@@ -41,12 +43,17 @@ class Op(enum.Enum):
     LINK_PROBE = "link probe of the bucket-size tuner"
     TRIAL_DECISION = "broadcast of the bucket-size trial's decision"
     BUCKET_ALLREDUCE = "all-reduce of bucket"
+    JOIN_FLAGS = "all-reduce telling joined ranks which collectives this forward issues"
     USAGE_ALLREDUCE = "all-reduce of the used-parameter map"
     LAST_JOINER = "all-reduce electing the last rank to join"
     FINAL_MODEL = "broadcast of the last joiner's model"
     SHARD_ALLGATHER = "all-gather of the optimizer's updated shards"
     STATE_GATHER = "gather of the optimizer's state shards"
+    SHARD_CHECK = "comparison of the optimizer's parameter lists across ranks"
     PARAMETER_AVERAGE = "all-reduce averaging the parameters"
+    SYNC_BATCHNORM = "SyncBatchNorm's exchange of batch statistics"
+    QUANTIZED_SCATTER = "all-to-all of a bucket's quantized chunks"
+    QUANTIZED_GATHER = "all-gather of a bucket's quantized sums"
     CHECKPOINT_RNG = "gather of every rank's RNG state for a checkpoint"
     CHECKPOINT_BARRIER = "barrier after writing a checkpoint"
     MONITOR_GATHER = "gather of every rank's step records"
@@ -114,6 +121,16 @@ class Communicator:
         with self._issuing(op, index, tensor):
             return dist.all_reduce(tensor, group=self.group, async_op=True).get_future()
 
+    def all_to_all_async(self, op: Op, output: torch.Tensor, tensor: torch.Tensor, index: int = -1) -> Any:
+        """Start sending the r-th equal slice of ``tensor`` to group rank r, receiving theirs into ``output``."""
+        with self._issuing(op, index, tensor):
+            return dist.all_to_all_single(output, tensor, group=self.group, async_op=True)
+
+    def all_gather_async(self, op: Op, outputs: list[torch.Tensor], tensor: torch.Tensor, index: int = -1) -> Any:
+        """Start gathering every rank's ``tensor`` into ``outputs`` (group-rank order)."""
+        with self._issuing(op, index, tensor):
+            return dist.all_gather(outputs, tensor, group=self.group, async_op=True)
+
     def all_gather(self, op: Op, tensor: torch.Tensor, what: Description = None) -> list[torch.Tensor]:
         """Every rank's ``tensor`` (same shape on every rank), in group-rank order."""
         out = [torch.empty_like(tensor) for _ in range(self.size)]
@@ -132,6 +149,29 @@ class Communicator:
         with self._issuing(op, -1, None):
             dist.barrier(group=self.group)
 
+    def expect_everyone(self, op: Op, seconds: float, call: str) -> None:
+        """Before a collective that only some ranks might reach (``if rank == 0: checkpoint.save(...)``): wait at
+        most ``seconds`` for every rank to arrive here, through the store, and otherwise fail naming the ranks that
+        did not and the function (``call``) every rank must call, instead of blocking until the timeout."""
+        self.sequence += 1
+        store = dist.distributed_c10d._get_default_store()
+        ranks = [self.global_rank(r) for r in range(self.size)]
+        prefix = f"gradsync/arrive/{'-'.join(map(str, ranks))}/{op.code}/{self.sequence}/"
+        store.set(prefix + str(dist.get_rank()), "1")
+        deadline = time.monotonic() + seconds
+        while True:
+            missing = [r for r in ranks if not store.check([prefix + str(r)])]
+            if not missing or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        if missing:
+            message = (
+                f"{op.value}: rank(s) {missing} did not reach {call} within {seconds:.0f}s (this is rank "
+                f"{dist.get_rank()}). Every rank must call {call}, not only rank 0: it is a collective."
+            )
+            post_error(message)
+            raise CollectiveError(message)
+
     def timed_all_reduce(self, op: Op, tensor: torch.Tensor) -> float:
         """Seconds one all-reduce of ``tensor`` takes (the desync check, if on, runs before the clock starts)."""
         with self._issuing(op, -1, tensor):
@@ -148,10 +188,37 @@ class Communicator:
         with self._issuing(op, index, tensor):
             return start()
 
-    def wait(self, future: torch.futures.Future, op: Op, index: int = -1, what: Description = None) -> Any:
-        """The future's value; a failure is named like a failed collective (``what`` describes it, lazily)."""
+    def wait(
+        self, future: torch.futures.Future, op: Op, index: int = -1, what: Description = None, bounded: bool = False
+    ) -> Any:
+        """The future's value; a failure is named like a failed collective (``what`` describes it, lazily).
+        ``bounded``: a future the backend's timeout does not cover (a communication hook's own) fails after the
+        process group's timeout instead of blocking forever."""
         with self._named(op, index, what):
+            if bounded and not future.done():
+                self._wait_until_done(future)
             return future.wait()
+
+    def _wait_until_done(self, future: torch.futures.Future) -> None:
+        timeout = self.timeout_seconds()
+        deadline = time.monotonic() + timeout
+        pause = 1e-4
+        while not future.done():
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"the future did not complete within the process group's timeout ({timeout:.0f}s); a "
+                    "communication hook must return a future that completes (e.g. from an async collective)"
+                )
+            time.sleep(pause)
+            pause = min(pause * 2, 0.001)  # at most 1 ms late: a hook future is on the critical path
+
+    def timeout_seconds(self) -> float:
+        """The process group's collective timeout (gloo and NCCL enforce it on their own collectives)."""
+        try:
+            backend = self.group._get_backend(torch.device("cpu"))
+            return backend.options._timeout.total_seconds()
+        except Exception:  # a backend that does not say: gradsync's own default
+            return settings.timeout_seconds(600.0)
 
     # ------------------------------------------------------------------------------------------------ helpers
     @contextlib.contextmanager
@@ -173,6 +240,8 @@ class Communicator:
             text = what() if callable(what) else what or op.value + (f" {index}" if index >= 0 else "")
             message = f"{text} failed on rank {dist.get_rank()}: {exc}"
             post_error(message)
+            # Said at once: a launcher may stop this process during the wait for the peers' reports below.
+            print(f"gradsync: {message}", file=sys.stderr, flush=True)
             raise CollectiveError(message + describe_peer_errors(grace=2.0)) from exc
 
     def _device(self, tensor: torch.Tensor | None) -> torch.device:

@@ -13,11 +13,16 @@ from gradsync.comm.compression import (
     fp16_compress_wrapper,
 )
 from gradsync.comm.default_hooks import allreduce_hook
+from gradsync.comm.diloco import DiLoCo
 from gradsync.comm.grad_bucket import GradBucket
 from gradsync.comm.local_sgd import PostLocalSGD, average_parameters
+from gradsync.comm.quantized import QuantizedState, quantized_hook
 
 __all__ = [
+    "DiLoCo",
     "GradBucket",
+    "QuantizedState",
+    "quantized_hook",
     "PowerSGDState",
     "powerSGD_hook",
     "PostLocalSGD",

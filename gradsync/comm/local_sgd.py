@@ -17,6 +17,7 @@ from gradsync.collectives.communicator import Communicator, Op
 from gradsync.collectives.tensors import average_tensors
 from gradsync.comm.default_hooks import allreduce_hook
 from gradsync.comm.grad_bucket import GradBucket
+from gradsync.errors import ConfigError
 
 
 class PostLocalSGD:
@@ -32,9 +33,9 @@ class PostLocalSGD:
 
     def __init__(self, ddp: Any, period: int, warmup_steps: int = 0) -> None:
         if period < 1:
-            raise ValueError(f"PostLocalSGD: period must be >= 1 step, got {period}")
+            raise ConfigError(f"PostLocalSGD: period must be >= 1 step, got {period}")
         if warmup_steps < 0:
-            raise ValueError(f"PostLocalSGD: warmup_steps must be >= 0, got {warmup_steps}")
+            raise ConfigError(f"PostLocalSGD: warmup_steps must be >= 0, got {warmup_steps}")
         self.ddp = ddp
         self.period = period
         self.warmup_steps = warmup_steps

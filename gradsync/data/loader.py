@@ -13,6 +13,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from gradsync.data.sampler import DistributedSampler
+from gradsync.errors import ConfigError
 
 
 class DistributedLoader:
@@ -41,11 +42,11 @@ class DistributedLoader:
         rank: int | None = None,
         **dataloader_kwargs: Any,
     ) -> None:
-        if batch_size < 1:
-            raise ValueError(f"DistributedLoader: batch_size must be >= 1, got {batch_size}")
+        if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
+            raise ConfigError(f"DistributedLoader: batch_size must be an int >= 1, got {batch_size!r}")
         for reserved in ("sampler", "batch_sampler", "shuffle"):
             if reserved in dataloader_kwargs:
-                raise ValueError(f"DistributedLoader chooses '{reserved}' itself; do not pass it")
+                raise ConfigError(f"DistributedLoader chooses '{reserved}' itself; do not pass it")
         self.batch_size = batch_size
         self.sampler = DistributedSampler(dataset, num_replicas, rank, shuffle=shuffle, seed=seed, drop_last=drop_last)
         # A DataLoader draws its workers' base seed from the *global* torch RNG whenever iteration starts, so a run

@@ -16,6 +16,18 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import Sampler
 
+from gradsync.errors import ConfigError
+
+
+def _check_dataset(dataset: object) -> None:
+    """A dataset with a length (as torch's sampler needs); a string or a bare number is refused here, at
+    construction, not at the first iteration."""
+    if isinstance(dataset, (str, bytes)) or not hasattr(dataset, "__len__"):
+        raise ConfigError(
+            f"DistributedSampler needs a map-style dataset (one with a length), got {type(dataset).__name__} "
+            f"{dataset!r:.40}; an IterableDataset must be sharded by the dataset itself."
+        )
+
 
 class DistributedSampler(Sampler[int]):
     """Yield this rank's share of ``range(len(dataset))``; reshuffled each epoch by :meth:`set_epoch`.
@@ -48,10 +60,14 @@ class DistributedSampler(Sampler[int]):
             num_replicas = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
         if rank is None:
             rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+        _check_dataset(dataset)
+        for name, value in (("num_replicas", num_replicas), ("rank", rank), ("seed", seed)):
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise ConfigError(f"DistributedSampler: {name} must be an int, got {type(value).__name__} {value!r}")
         if num_replicas < 1:
-            raise ValueError(f"DistributedSampler: num_replicas must be >= 1, got {num_replicas}")
+            raise ConfigError(f"DistributedSampler: num_replicas must be >= 1, got {num_replicas}")
         if not 0 <= rank < num_replicas:
-            raise ValueError(f"DistributedSampler: rank {rank} is outside [0, {num_replicas - 1}] (num_replicas)")
+            raise ConfigError(f"DistributedSampler: rank {rank} is outside [0, {num_replicas - 1}] (num_replicas)")
         self.dataset = dataset
         self.num_replicas = num_replicas
         self.rank = rank
@@ -120,7 +136,7 @@ class DistributedSampler(Sampler[int]):
         this sampler has yielded is used."""
         consumed = self._yielded if samples_consumed is None else samples_consumed
         if not 0 <= consumed <= self.num_samples:
-            raise ValueError(f"samples_consumed={consumed} is outside [0, {self.num_samples}] for this rank")
+            raise ConfigError(f"samples_consumed={consumed} is outside [0, {self.num_samples}] for this rank")
         return {
             "epoch": self.epoch,
             "samples_consumed": consumed,
@@ -143,11 +159,19 @@ class DistributedSampler(Sampler[int]):
         }
         for key, mine in expected.items():
             if state.get(key) != mine:
-                raise ValueError(
+                raise ConfigError(
                     f"DistributedSampler.load_state_dict: the state was saved with {key}={state.get(key)!r} but this "
                     f"sampler has {key}={mine!r}; the saved position would point at different samples. Build the "
                     "sampler with the same dataset, world size, seed, shuffle and drop_last as the saved run."
                 )
-        self.epoch = int(state["epoch"])
-        self._resume_at = int(state["samples_consumed"])
+        epoch, consumed = state.get("epoch"), state.get("samples_consumed")
+        if not isinstance(epoch, int) or epoch < 0:
+            raise ConfigError(f"DistributedSampler.load_state_dict: epoch must be an int >= 0, got {epoch!r}")
+        if not isinstance(consumed, int) or not 0 <= consumed <= self.num_samples:
+            raise ConfigError(
+                f"DistributedSampler.load_state_dict: samples_consumed={consumed!r} is outside [0, "
+                f"{self.num_samples}] (this rank's samples per epoch); the state is corrupt or from another run."
+            )
+        self.epoch = epoch
+        self._resume_at = consumed
         self._yielded = self._resume_at

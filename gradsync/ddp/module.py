@@ -8,6 +8,8 @@ collective goes through the model's :class:`~gradsync.collectives.Communicator`.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -19,36 +21,33 @@ from torch.distributed.algorithms.join import Join, Joinable, JoinHook
 from gradsync import settings
 from gradsync.collectives.communicator import Communicator, Op
 from gradsync.collectives.tensors import broadcast_tensors
+from gradsync.ddp.buffers import BufferSync
 from gradsync.ddp.replicas import broadcast_initial_state, verify_same_model
-from gradsync.ddp.tree import iter_tensors, map_tensors
+from gradsync.ddp.tree import iter_tensors, map_tensors, replace_tensors
 from gradsync.errors import ConfigError
 from gradsync.observe.recorder import Recorder
+from gradsync.reducer.buckets import MIB
 from gradsync.reducer.mode import GraphMode
 from gradsync.reducer.reducer import CommHook, Reducer
-from gradsync.reducer.unused import unused_parameter_indices
+from gradsync.reducer.sink import pass_through_sink
+from gradsync.runtime import watchdog
 
 # torch arguments gradsync accepts only at their defaults (None / False).
-_UNSUPPORTED = (
-    "delay_all_reduce_named_params",
-    "param_to_hook_all_reduce",
-    "mixed_precision",
-    "device_mesh",
-    "skip_all_reduce_unused_params",
-)
+_UNSUPPORTED = ("delay_all_reduce_named_params", "param_to_hook_all_reduce", "mixed_precision")
 
 
 class DistributedDataParallel(nn.Module, Joinable):
     """Data parallelism: each process holds a replica of ``module``; gradients are averaged during backward.
 
-    Arguments mean what they mean for torch's DDP (2.13's signature, including ``forward_sync_buffers`` and
-    ``bucket_cap_mb_list``). One difference by design: with ``bucket_cap_mb=None`` gradsync starts from torch's
-    caps and, at the bucket rebuild after iteration 1, may propose smaller ones from the measured backward timeline
-    and link speed, keeping them only if real steps confirm they are faster (:mod:`gradsync.reducer.rebuild`;
-    ``"auto"`` asks for it explicitly, ``GRADSYNC_BUCKET_TUNING=0`` or any number turns it off).
-    ``batched_grad_copy`` is accepted and always on: small gradients are copied into their bucket with one fused
-    copy. After ``loss.backward()`` returns, every parameter's ``.grad`` holds the average over the process group,
-    so ``optimizer.step()`` keeps all replicas identical and training equals one process training on all ranks'
-    batches at once.
+    Arguments mean what they mean for torch's DDP (2.13's signature, including ``forward_sync_buffers``,
+    ``bucket_cap_mb_list``, ``device_mesh`` and ``skip_all_reduce_unused_params``). One difference by design: with
+    ``bucket_cap_mb=None`` gradsync starts from torch's caps and, at the bucket rebuild after iteration 1, may
+    propose smaller ones from the measured backward timeline and link speed, keeping them only if real steps
+    confirm they are faster (:mod:`gradsync.reducer.rebuild`; ``"auto"`` asks for it explicitly,
+    ``GRADSYNC_BUCKET_TUNING=0`` or any number turns it off). ``batched_grad_copy`` is accepted and always on:
+    small gradients are copied into their bucket with one fused copy. After ``loss.backward()`` returns, every
+    parameter's ``.grad`` holds the average over the process group, so ``optimizer.step()`` keeps all replicas
+    identical and training equals one process training on all ranks' batches at once.
 
     Example::
 
@@ -59,7 +58,8 @@ class DistributedDataParallel(nn.Module, Joinable):
         optimizer.step()
 
     ``state_dict()`` keys carry the ``module.`` prefix, as torch's do; :meth:`module_state_dict` and
-    :meth:`load_module_state_dict` read and write the unprefixed state of the wrapped model.
+    :meth:`load_module_state_dict` read and write the unprefixed state of the wrapped model. A model pickles and
+    deep-copies (with the default process group) as torch's does: the copy gets a reducer of its own.
     """
 
     def __init__(
@@ -77,6 +77,8 @@ class DistributedDataParallel(nn.Module, Joinable):
         gradient_as_bucket_view: bool = False,
         static_graph: bool = False,
         *,
+        device_mesh: Any = None,
+        skip_all_reduce_unused_params: bool = False,
         bucket_cap_mb_list: Sequence[float] | None = None,
         batched_grad_copy: bool = False,
         forward_sync_buffers: bool | None = None,
@@ -85,9 +87,17 @@ class DistributedDataParallel(nn.Module, Joinable):
         super().__init__()
         Joinable.__init__(self)
         _refuse_unsupported(unsupported)
-        named = _trainable_parameters(module)
+        _warn_deprecated(broadcast_buffers, forward_sync_buffers, check_reduction)
         self.module = module
-        self._process_group = process_group  # None: the default group, looked up at each use
+        self._config = _Config.of(
+            module,
+            bucket_cap_mb_list or bucket_cap_mb,
+            gradient_as_bucket_view,
+            find_unused_parameters,
+            static_graph,
+            skip_all_reduce_unused_params,
+        )
+        self._process_group = _group_of(process_group, device_mesh)  # None: the default group
         self.device_ids, self.output_device = _device_indices(device_ids, output_device)
         self.dim = dim
         self.forward_sync_buffers, init_sync_buffers = _buffer_sync(broadcast_buffers, forward_sync_buffers)
@@ -96,20 +106,67 @@ class DistributedDataParallel(nn.Module, Joinable):
         self.static_graph = static_graph
         self.batched_grad_copy = batched_grad_copy
         self.require_backward_grad_sync = True
-        self._comm = Communicator(process_group, check_desync=settings.debug())
-        self._mode = GraphMode.from_flags(find_unused_parameters, static_graph)
+        # torch's name: the previous forward was a synced one, so this forward broadcasts the buffers.
+        self.require_forward_param_sync = True
+        self.bucket_bytes_cap, self.bucket_bytes_cap_list = _bucket_bytes_caps(bucket_cap_mb, bucket_cap_mb_list)
         self._join_divides_by_initial_world_size = True
-        self._static_unused: list[int] | None = None
-        self._recorder = Recorder()
-        verify_same_model(self._comm, module)
+        self._build_runtime()
+        verify_same_model(self._comm, module, self._config.ignored)
         if init_sync:
-            broadcast_initial_state(self._comm, module, include_buffers=init_sync_buffers)
-        self._buffers_to_sync = list(module.buffers())
+            broadcast_initial_state(self._comm, module, init_sync_buffers, self._config.ignored)
+
+    def _build_runtime(self) -> None:
+        """What cannot be pickled, built at construction and again when unpickled: the communicator, the buffer
+        sync, and the reducer with its hooks (no collective is issued here)."""
+        config = self._config
+        self._comm = Communicator(self._process_group, check_desync=settings.debug())
+        self._buffer_sync = BufferSync(self.module, self._comm, config.ignored)
+        self._recorder = Recorder()
+        self._progress = watchdog.progress_reporter() or _no_progress  # gradsync run --watchdog
+        named = config.trainable(self.module)
         self._params = [p for _, p in named]
-        cap = list(bucket_cap_mb_list) if bucket_cap_mb_list else bucket_cap_mb
-        names = [n for n, _ in named]
-        self.reducer = Reducer(self._params, names, self._comm, cap, gradient_as_bucket_view, self._mode)
+        self.reducer = Reducer(
+            self._params,
+            [n for n, _ in named],
+            self._comm,
+            config.bucket_cap_mb,
+            config.as_view,
+            config.mode,
+            sparse=[n in config.sparse for n, _ in named],
+            skip_unused=config.skip_unused,
+        )
         self._comm_hook_registered = False
+
+    def __getstate__(self) -> dict[str, Any]:
+        if self._process_group is not None:
+            raise ConfigError(
+                "pickling or copying a DistributedDataParallel works only with the default process group (as in "
+                "torch): the copy rebuilds itself on the default group. Wrap with process_group=None."
+            )
+        state = dict(self.__dict__)
+        for name in ("reducer", "_comm", "_buffer_sync", "_recorder", "_params", "_progress"):
+            state.pop(name, None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        super().__setstate__(state)
+        self._build_runtime()
+
+    @staticmethod
+    def _set_params_and_buffers_to_ignore_for_model(module: nn.Module, params_and_buffers_to_ignore: Any) -> None:
+        """torch's name for :meth:`set_params_and_buffers_to_ignore` (FSDP and torchrec call it)."""
+        DistributedDataParallel.set_params_and_buffers_to_ignore(module, params_and_buffers_to_ignore)
+
+    @staticmethod
+    def set_params_and_buffers_to_ignore(module: nn.Module, names: Any) -> None:
+        """Keep the named parameters and buffers (fully qualified, e.g. ``"encoder.weight"``) out of DDP: they are
+        neither checked, broadcast nor averaged. Call on the plain module before wrapping it.
+
+        >>> DistributedDataParallel.set_params_and_buffers_to_ignore(model, ["embedding.weight"])  # doctest: +SKIP
+        >>> ddp = DistributedDataParallel(model)  # doctest: +SKIP
+        """
+        # torch's attribute, so torch's wrapper honours the list too (setattr: nn.Module's stubs type attributes).
+        setattr(module, "_ddp_params_and_buffers_to_ignore", list(names))  # noqa: B010
 
     @property
     def broadcast_buffers(self) -> bool:
@@ -132,39 +189,42 @@ class DistributedDataParallel(nn.Module, Joinable):
 
     # ------------------------------------------------------------------------------------------------- forward
     def forward(self, *inputs: Any, **kwargs: Any) -> Any:
+        with torch.autograd.profiler.record_function("DistributedDataParallel.forward"):  # torch's profiler label
+            return self._forward(inputs, kwargs)
+
+    def _forward(self, inputs: tuple, kwargs: dict[str, Any]) -> Any:
         synced = torch.is_grad_enabled() and self.require_backward_grad_sync
-        scale = 1.0
+        broadcast = self._buffer_sync.due(self.forward_sync_buffers, self.require_forward_param_sync)
         if synced:
             self._recorder.forward_start()
-            scale = self._join_scale()
-            self._sync_before_forward()
+            self._progress()
+        scale = self._notify_join(synced, broadcast)
+        self._collectives_before_forward(synced, broadcast)
         if self.device_ids is not None:
             device = torch.device(self._params[0].device.type, self.device_ids[0])
             inputs, kwargs = map_tensors(lambda t: t.to(device, non_blocking=True), (inputs, kwargs))
         output = self.module(*inputs, **kwargs)
+        self.require_forward_param_sync = synced
         if synced:
             self._recorder.forward_end()
-            self.reducer.prepare_for_backward(self._unused_parameters(output), scale)
+            self.reducer.prepare_for_backward(iter_tensors(output), scale)
+            if self.reducer.needs_output_sink:
+                output = replace_tensors(output, self._through_sink)
         elif torch.is_grad_enabled():
             self.reducer.skip_next_backward()
         return output
 
-    def _sync_before_forward(self) -> None:
-        """The collectives of a synced forward, in order (a joined rank's shadow runs this same method)."""
-        # Before the forward, when memory is lowest and all ranks are at the same point (torch does the same).
-        self._comm.begin_step()
-        self.reducer.before_synced_forward()
-        if self.forward_sync_buffers and self._buffers_to_sync and self._comm.size > 1:
-            broadcast_tensors(self._comm, Op.BUFFER_BROADCAST, self._buffers_to_sync)
+    def _collectives_before_forward(self, synced: bool, broadcast: bool) -> None:
+        """A forward's collectives, in order; a joined rank's shadow runs this same method."""
+        if synced:
+            # Before the forward, when memory is lowest and all ranks are at the same point (torch does the same).
+            self._comm.begin_step()
+            self.reducer.before_synced_forward()
+        if broadcast:
+            self._buffer_sync.broadcast()
 
-    def _unused_parameters(self, output: Any) -> list[int]:
-        if self._mode is GraphMode.FIND_UNUSED:
-            return unused_parameter_indices(iter_tensors(output), self._params)
-        if self._mode is GraphMode.STATIC:  # the first iteration's graph stands for all later ones
-            if self._static_unused is None:
-                self._static_unused = unused_parameter_indices(iter_tensors(output), self._params)
-            return self._static_unused
-        return []
+    def _through_sink(self, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+        return pass_through_sink(tensors, self.reducer.sink_backward_started)
 
     # ------------------------------------------------------------------------------------------- sync control
     @contextlib.contextmanager
@@ -193,7 +253,8 @@ class DistributedDataParallel(nn.Module, Joinable):
 
         A rank that finishes its data early keeps answering the others' collectives with zeros until every rank is
         done; then all replicas take the last rank's model. Averages divide by the initial world size (default) or
-        by the ranks still training. ``no_sync()`` works inside: its micro-batches run no collective to shadow.
+        by the ranks still training. ``no_sync()`` works inside. With a ``ShardedOptimizer``, use
+        ``Join([ddp, optimizer])`` (torch's ``Join``) so the joined ranks shadow its all-gather too.
 
         >>> with ddp.join():
         ...     for x, y in my_uneven_shard:
@@ -215,27 +276,39 @@ class DistributedDataParallel(nn.Module, Joinable):
     def join_process_group(self) -> dist.ProcessGroup:
         return self.process_group
 
-    def _join_scale(self) -> float:
+    def _notify_join(self, synced: bool, broadcast: bool) -> float:
         """Inside ``join()``: tell the joined ranks this one still trains (their loop waits on torch's Join
-        all-reduce), and return what the averages must be multiplied by."""
+        all-reduce) and which collectives this forward issues, so they shadow exactly those. Returns what the
+        averages must be multiplied by (divide_by_initial_world_size=False: world size / ranks still training)."""
         work = Join.notify_join_context(self)
-        if work is None or self._join_divides_by_initial_world_size:
+        if work is None:
+            return 1.0
+        flags = torch.tensor([int(synced), int(broadcast)], device=self.join_device)
+        self._comm.all_reduce(Op.JOIN_FLAGS, flags, reduce_op=dist.ReduceOp.MAX)
+        if not synced or self._join_divides_by_initial_world_size:
             return 1.0
         work.wait()
         active = work.result()[0].item()
         return self._comm.size / active
 
-    def shadow_synced_step(self) -> None:
-        """A joined rank, while others still train: this step's collectives, with zeros for its gradients. The
-        same methods a training rank runs, so the sequences match by construction (GRADSYNC_DEBUG included)."""
-        self._sync_before_forward()
-        self.reducer.shadow_backward()
+    def shadow_forward_and_backward(self) -> None:
+        """A joined rank, while others still train: the collectives of their forward and, if it synchronises,
+        of their backward, with zeros for gradients. The same methods a training rank runs, so the sequences match
+        by construction (GRADSYNC_DEBUG fingerprints included)."""
+        flags = torch.zeros(2, dtype=torch.int64, device=self.join_device)
+        self._comm.all_reduce(Op.JOIN_FLAGS, flags, reduce_op=dist.ReduceOp.MAX)
+        synced, broadcast = (bool(v) for v in flags.tolist())
+        self._collectives_before_forward(synced, broadcast)
+        if synced:
+            self.reducer.shadow_backward()
 
     def sync_final_model(self, is_last_joiner: bool) -> None:
         """After everyone joined: the last joiner trained longest, so its model becomes everyone's."""
         candidate = torch.tensor([self._comm.rank if is_last_joiner else -1], device=self.join_device)
         self._comm.all_reduce(Op.LAST_JOINER, candidate, reduce_op=dist.ReduceOp.MAX)
-        state = [p.detach() for p in self.module.parameters()] + list(self.module.buffers())
+        ignored = self._config.ignored
+        state = [p.detach() for n, p in self.module.named_parameters() if n not in ignored]
+        state += [b for n, b in self.module.named_buffers() if n not in ignored]
         broadcast_tensors(self._comm, Op.FINAL_MODEL, state, src=int(candidate.item()))
 
     # ------------------------------------------------------------------------------------------ extensions
@@ -281,10 +354,14 @@ class _DDPJoinHook(JoinHook):
         self.ddp = ddp
 
     def main_hook(self) -> None:
-        self.ddp.shadow_synced_step()
+        self.ddp.shadow_forward_and_backward()
 
     def post_hook(self, is_last_joiner: bool) -> None:
         self.ddp.sync_final_model(is_last_joiner)
+
+
+def _no_progress() -> None:
+    """No watchdog watches this run."""
 
 
 def _refuse_unsupported(unsupported: Mapping[str, Any]) -> None:
@@ -295,21 +372,101 @@ def _refuse_unsupported(unsupported: Mapping[str, Any]) -> None:
         raise TypeError(f"gradsync.DistributedDataParallel: unexpected argument '{name}' ({hint})")
 
 
-def _trainable_parameters(module: nn.Module) -> list[tuple[str, nn.Parameter]]:
-    if not isinstance(module, nn.Module):
-        raise TypeError(f"gradsync.DistributedDataParallel wraps an nn.Module, got {type(module).__name__}")
-    if not dist.is_available() or not dist.is_initialized():
-        raise ConfigError(
-            "DistributedDataParallel needs an initialised process group: call gradsync.init() or "
-            "torch.distributed.init_process_group(...) before wrapping the model."
+@dataclasses.dataclass(frozen=True)
+class _Config:
+    """What the reducer is built from, kept so an unpickled or copied model can build its own."""
+
+    bucket_cap_mb: Any
+    as_view: bool
+    mode: GraphMode
+    skip_unused: bool
+    ignored: frozenset[str]  # torch's ignore list (set_params_and_buffers_to_ignore)
+    sparse: frozenset[str]  # parameters of sparse embeddings: their gradients are reduced as sparse tensors
+
+    @classmethod
+    def of(
+        cls, module: nn.Module, cap: Any, as_view: bool, find_unused: bool, static: bool, skip_unused: bool
+    ) -> _Config:
+        if not isinstance(module, nn.Module):
+            raise TypeError(f"gradsync.DistributedDataParallel wraps an nn.Module, got {type(module).__name__}")
+        if not dist.is_available() or not dist.is_initialized():
+            raise ConfigError(
+                "DistributedDataParallel needs an initialised process group: call gradsync.init() or "
+                "torch.distributed.init_process_group(...) before wrapping the model."
+            )
+        ignored = frozenset(getattr(module, "_ddp_params_and_buffers_to_ignore", ()))
+        mode = GraphMode.from_flags(find_unused, static)
+        config = cls(cap, as_view, mode, skip_unused and find_unused, ignored, _sparse_parameters(module))
+        meta = [n for n, p in module.named_parameters() if p.device.type == "meta"]
+        if meta:
+            raise ConfigError(
+                f"the module has parameters on the meta device ({', '.join(meta[:5])}): they hold no values to "
+                "broadcast or average. Materialise them first (module.to_empty(device=...) and initialise)."
+            )
+        if not config.trainable(module):
+            raise ConfigError(
+                "DistributedDataParallel is not needed when a module doesn't have any parameter that requires a "
+                "gradient (torch's words): there is nothing to synchronise. Wrap a module with trainable "
+                "parameters, or do not wrap this one."
+            )
+        return config
+
+    def trainable(self, module: nn.Module) -> list[tuple[str, nn.Parameter]]:
+        return [(n, p) for n, p in module.named_parameters() if p.requires_grad and n not in self.ignored]
+
+
+def _sparse_parameters(module: nn.Module) -> frozenset[str]:
+    """Names of the parameters whose gradient is sparse (torch's rule: a sparse Embedding or EmbeddingBag)."""
+    names: set[str] = set()
+    for prefix, sub in module.named_modules():
+        if isinstance(sub, (nn.Embedding, nn.EmbeddingBag)) and sub.sparse:
+            names.update(f"{prefix}.{n}" if prefix else n for n, _ in sub.named_parameters(recurse=False))
+    return frozenset(names)
+
+
+def _group_of(process_group: dist.ProcessGroup | None, device_mesh: Any) -> dist.ProcessGroup | None:
+    if process_group is not None and not isinstance(process_group, dist.ProcessGroup):
+        raise TypeError(
+            f"process_group must be a torch.distributed.ProcessGroup (from dist.new_group) or None for the default "
+            f"group, got {type(process_group).__name__}"
         )
-    named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
-    if not named:
-        raise ConfigError(
-            "DistributedDataParallel: the module has no parameter that requires grad, so there is nothing to "
-            "synchronise. Wrap a module with trainable parameters (or do not wrap this one)."
+    if device_mesh is None:
+        return process_group
+    if process_group is not None:
+        raise ConfigError("Cannot specify both process_group and device_mesh arguments (torch's rule).")
+    if device_mesh.ndim != 1:
+        raise ConfigError(f"Only 1D device mesh is supported, but got {device_mesh} (torch's rule).")
+    return device_mesh.get_group(mesh_dim=0)
+
+
+def _warn_deprecated(broadcast_buffers: bool | None, forward_sync_buffers: bool | None, check_reduction: bool) -> None:
+    """torch 2.13's FutureWarnings, in torch's words, so code that filters them keeps working."""
+    if broadcast_buffers is not None and forward_sync_buffers is not None:
+        warnings.warn(
+            "Both `broadcast_buffers` and `forward_sync_buffers` were specified. `broadcast_buffers` is deprecated "
+            "and its value is ignored when `forward_sync_buffers` is provided.",
+            FutureWarning,
+            stacklevel=3,
         )
-    return named
+    elif broadcast_buffers is not None:
+        warnings.warn(
+            "`broadcast_buffers` is deprecated. Use `forward_sync_buffers` instead. IMPORTANT: unlike "
+            "`broadcast_buffers=False`, `forward_sync_buffers=False` still syncs buffers at init.",
+            FutureWarning,
+            stacklevel=3,
+        )
+    if check_reduction:
+        warnings.warn(
+            "The `check_reduction` argument in `DistributedDataParallel` module is deprecated. Please avoid using it.",
+            FutureWarning,
+            stacklevel=3,
+        )
+
+
+def _bucket_bytes_caps(cap_mb: Any, cap_list: Sequence[float] | None) -> tuple[int, list[int]]:
+    """torch's ``bucket_bytes_cap`` and ``bucket_bytes_cap_list`` attributes."""
+    cap = 25.0 if cap_mb is None or isinstance(cap_mb, str) else cap_mb
+    return int(cap * MIB), [int(c * MIB) for c in cap_list or ()]
 
 
 def _buffer_sync(broadcast_buffers: bool | None, forward_sync_buffers: bool | None) -> tuple[bool, bool]:
@@ -324,6 +481,8 @@ def _buffer_sync(broadcast_buffers: bool | None, forward_sync_buffers: bool | No
 def _device_indices(
     device_ids: Sequence[int | torch.device] | None, output_device: int | torch.device | None
 ) -> tuple[list[int] | None, int | None]:
+    if isinstance(device_ids, (str, int, torch.device)):
+        raise TypeError(f"device_ids must be a list of one device, e.g. device_ids=[local_rank], got {device_ids!r}")
     if device_ids is not None and len(device_ids) > 1:
         raise ConfigError(
             f"device_ids={list(device_ids)}: one process per device is supported (torch deprecated "

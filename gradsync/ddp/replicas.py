@@ -9,7 +9,7 @@ first difference named.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 import torch
 from torch import nn
@@ -21,21 +21,26 @@ from gradsync.errors import ModelMismatchError
 Signature = tuple[str, str, tuple[int, ...], str, str, bool]
 
 
-def model_signature(module: nn.Module) -> list[Signature]:
+def model_signature(module: nn.Module, ignored: Collection[str] = ()) -> list[Signature]:
     """What every rank must agree on: each parameter's and buffer's name, shape, dtype, device type and
-    requires_grad (values may differ: rank 0's are broadcast)."""
+    requires_grad (values may differ: rank 0's are broadcast). Names on the ignore list are left out."""
     params = [
         ("parameter", n, tuple(p.shape), str(p.dtype), p.device.type, p.requires_grad)
         for n, p in module.named_parameters()
+        if n not in ignored
     ]
-    buffers = [("buffer", n, tuple(b.shape), str(b.dtype), b.device.type, False) for n, b in module.named_buffers()]
+    buffers = [
+        ("buffer", n, tuple(b.shape), str(b.dtype), b.device.type, False)
+        for n, b in module.named_buffers()
+        if n not in ignored
+    ]
     return params + buffers
 
 
-def verify_same_model(comm: Communicator, module: nn.Module) -> None:
+def verify_same_model(comm: Communicator, module: nn.Module, ignored: Collection[str] = ()) -> None:
     """Raise :class:`ModelMismatchError` on every rank if any rank's parameters or buffers differ, naming the first
     difference and the ranks involved."""
-    everyone = comm.all_gather_object(Op.MODEL_CHECK, model_signature(module))
+    everyone = comm.all_gather_object(Op.MODEL_CHECK, model_signature(module, ignored))
     reference = everyone[0]
     for rank, theirs in enumerate(everyone[1:], start=1):
         if theirs != reference:
@@ -73,9 +78,11 @@ def _describe(sig: Signature | None) -> str:
     return f"'{name}' shape={list(shape)} dtype={dtype} device={device}{grad}"
 
 
-def broadcast_initial_state(comm: Communicator, module: nn.Module, include_buffers: bool) -> None:
+def broadcast_initial_state(
+    comm: Communicator, module: nn.Module, include_buffers: bool, ignored: Collection[str] = ()
+) -> None:
     """Copy rank 0's parameters (and buffers) to every rank; call after :func:`verify_same_model`."""
-    tensors: list[torch.Tensor] = [p.detach() for p in module.parameters()]
+    tensors: list[torch.Tensor] = [p.detach() for n, p in module.named_parameters() if n not in ignored]
     if include_buffers:
-        tensors += list(module.buffers())
+        tensors += [b for n, b in module.named_buffers() if n not in ignored]
     broadcast_tensors(comm, Op.INITIAL_BROADCAST, tensors)

@@ -48,3 +48,18 @@ def map_tensors(fn: Callable[[torch.Tensor], torch.Tensor], obj: Any) -> Any:
             object.__setattr__(duplicate, field.name, map_tensors(fn, getattr(obj, field.name)))
         return duplicate
     return obj
+
+
+def replace_tensors(obj: Any, transform: Callable[[list[torch.Tensor]], list[torch.Tensor]]) -> Any:
+    """``obj`` with its tensors, collected in :func:`map_tensors`'s order, replaced by ``transform(tensors)``."""
+    found: list[torch.Tensor] = []
+
+    def collect(t: torch.Tensor) -> torch.Tensor:
+        found.append(t)
+        return t
+
+    map_tensors(collect, obj)
+    if not found:
+        return obj
+    replaced = iter(transform(found))
+    return map_tensors(lambda _t: next(replaced), obj)

@@ -10,6 +10,7 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from gradsync.errors import ConfigError
 from gradsync.observe.recorder import BucketRecord, StepRecord
 
 
@@ -70,13 +71,23 @@ def write_chrome_trace(per_rank: Mapping[int, Sequence[StepRecord]], path: str |
 
 def read_steps(path: str | os.PathLike) -> dict[int, list[StepRecord]]:
     """The step records of every rank stored in a trace written by :func:`write_chrome_trace`."""
-    with open(path) as fh:
-        data = json.load(fh)
+    try:
+        with open(path) as fh:
+            data = json.load(fh)
+    except OSError as exc:
+        raise ConfigError(f"cannot read the trace '{path}': {exc.strerror or exc}") from None
+    except json.JSONDecodeError as exc:
+        raise ConfigError(
+            f"'{path}' is not JSON ({exc.msg} at line {exc.lineno}); is it a trace from Monitor?"
+        ) from None
     try:
         raw = data["otherData"]["gradsync"]["ranks"]
-    except (KeyError, TypeError):
-        raise ValueError(f"{path} is not a gradsync trace (no otherData.gradsync); write it with Monitor") from None
-    out = {}
-    for rank, steps in raw.items():
-        out[int(rank)] = [StepRecord(**{**s, "buckets": [BucketRecord(**b) for b in s["buckets"]]}) for s in steps]
-    return out
+        return {
+            int(rank): [StepRecord(**{**s, "buckets": [BucketRecord(**b) for b in s["buckets"]]}) for s in steps]
+            for rank, steps in raw.items()
+        }
+    except (KeyError, TypeError, ValueError):
+        raise ConfigError(
+            f"'{path}' is not a gradsync trace (no readable otherData.gradsync); write it with "
+            "Monitor.export_chrome_trace"
+        ) from None

@@ -17,7 +17,7 @@ from torch.optim import Optimizer
 
 from gradsync.errors import ConfigError
 from gradsync.optim.sharded import state_bytes
-from gradsync.reducer.buckets import Bucket
+from gradsync.reducer.buckets import AnyBucket
 
 
 class OverlappedOptimizer(Optimizer):
@@ -46,7 +46,7 @@ class OverlappedOptimizer(Optimizer):
             raise ConfigError(f"OverlappedOptimizer: {error.message} Use a plain optimizer there.") from None
 
     @torch.no_grad()
-    def _step_bucket(self, bucket: Bucket) -> None:
+    def _step_bucket(self, bucket: AnyBucket) -> None:
         hyper = {k: v for k, v in self.param_groups[0].items() if k != "params"}
         for p in bucket.params:
             inner = self._inner[p]

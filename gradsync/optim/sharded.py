@@ -19,6 +19,7 @@ from torch.optim import Optimizer
 from gradsync import settings
 from gradsync.collectives.communicator import Communicator, Op
 from gradsync.collectives.tensors import all_gather_shards
+from gradsync.errors import ConfigError
 
 
 def state_bytes(states: Iterable[dict[str, Any]]) -> int:
@@ -68,11 +69,12 @@ class ShardedOptimizer(Optimizer, Joinable):
         self._all = [p for g in self.param_groups for p in g["params"]]
         devices = {p.device for p in self._all}
         if len(devices) > 1:
-            raise ValueError(
+            raise ConfigError(
                 f"ShardedOptimizer: all parameters must be on one device, found {sorted(map(str, devices))}"
             )
         self.world_size = self._comm.size
         self.rank = self._comm.rank
+        _verify_same_parameters(self._comm, self._all)
         self.owner = partition([p.numel() for p in self._all], self.world_size)
         index = {id(p): i for i, p in enumerate(self._all)}
         self._local_to_global = [
@@ -131,7 +133,7 @@ class ShardedOptimizer(Optimizer, Joinable):
     def state_dict(self) -> dict[str, Any]:
         """The full state, as ``optimizer_class`` over all parameters would give it (after consolidation here)."""
         if self._consolidated is None:
-            raise RuntimeError(
+            raise ConfigError(
                 f"ShardedOptimizer.state_dict() on rank {self.rank}: the state is sharded. Call "
                 "consolidate_state_dict(to=R) on every rank first, then state_dict() on rank R."
             )
@@ -147,7 +149,7 @@ class ShardedOptimizer(Optimizer, Joinable):
         saved = [len(g["params"]) for g in state_dict["param_groups"]]
         mine = [len(g["params"]) for g in self.param_groups]
         if saved != mine:
-            raise ValueError(
+            raise ConfigError(
                 f"ShardedOptimizer.load_state_dict: the state was saved for parameter groups of sizes {saved}, "
                 f"this optimizer has {mine}; build it over the same parameters, in the same groups."
             )
@@ -161,6 +163,22 @@ class ShardedOptimizer(Optimizer, Joinable):
             groups.append({**_hyper(g), "params": list(range(local_i, local_i + len(mine_g["params"])))})
             local_i += len(mine_g["params"])
         self.local.load_state_dict({"state": state, "param_groups": groups})
+
+
+def _verify_same_parameters(comm: Communicator, params: list[torch.Tensor]) -> None:
+    """Every rank must list the same parameters in the same order, or each would own different shards and the
+    all-gather would overwrite parameters with others' values: check shapes and dtypes once, at construction."""
+    mine = [(tuple(p.shape), str(p.dtype)) for p in params]
+    everyone = comm.all_gather_object(Op.SHARD_CHECK, mine)
+    for rank, theirs in enumerate(everyone):
+        if theirs != everyone[0]:
+            pos = next((i for i, (a, b) in enumerate(zip(theirs, everyone[0])) if a != b), min(len(theirs), len(mine)))
+            raise ConfigError(
+                f"ShardedOptimizer: rank {comm.global_rank(rank)} lists its parameters differently from rank 0 "
+                f"(at position {pos}: {theirs[pos] if pos < len(theirs) else 'none'} vs "
+                f"{everyone[0][pos] if pos < len(everyone[0]) else 'none'}; {len(theirs)} vs {len(everyone[0])} "
+                "parameters). Pass the parameters in the same order on every rank (e.g. model.parameters())."
+            )
 
 
 class _ShardJoinHook(JoinHook):

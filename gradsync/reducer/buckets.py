@@ -47,14 +47,18 @@ def size_limits(bucket_cap_mb: float | str | Sequence[float] | None) -> list[int
 
 
 def assign_buckets(
-    tensors: Sequence[torch.Tensor], order: Sequence[int], size_limits: Sequence[int]
+    tensors: Sequence[torch.Tensor],
+    order: Sequence[int],
+    size_limits: Sequence[int],
+    sparse: Sequence[bool] | None = None,
 ) -> list[list[int]]:
     """Group tensor indices, taken in ``order``, into buckets of one dtype and device each.
 
     Same rule as torch's ``_compute_bucket_assignment_by_size`` when given an explicit order: a bucket closes as
     soon as its byte size reaches its limit; the k-th bucket of a (dtype, device) uses ``size_limits[k]`` and all
     later ones the last limit. Buckets come out in the order they close (then the unfilled ones), which is the order
-    they will be launched.
+    they will be launched. A tensor whose gradient is sparse (``sparse[i]``) gets a bucket of its own, at its place
+    in the order (torch's rule too).
 
     >>> ts = [torch.zeros(4), torch.zeros(4), torch.zeros(4)]
     >>> assign_buckets(ts, [2, 1, 0], [16, 1 << 20])
@@ -69,6 +73,9 @@ def assign_buckets(
     closed_count: dict[tuple, int] = {}
     result: list[list[int]] = []
     for i in order:
+        if sparse is not None and sparse[i]:
+            result.append([i])
+            continue
         t = tensors[i]
         key = (t.dtype, t.device)
         open_buckets.setdefault(key, []).append(i)
@@ -129,6 +136,11 @@ class Bucket:
         """How many of this bucket's parameters report through their own hook (all but the quiet ones)."""
         return len(self.param_indices) - len(self.quiet)
 
+    def receive(self, result: torch.Tensor) -> None:
+        """The reduced values (a hook may return another tensor than the buffer it was given)."""
+        if result.data_ptr() != self.buffer.data_ptr():
+            self.buffer.copy_(result.view_as(self.buffer))
+
     # ``divisor`` (the world size, when gradsync itself averages): like torch's C++ reducer, gradients are divided
     # on their way into the bucket (one pass over memory), not copied and then divided again in the hook.
 
@@ -187,6 +199,52 @@ class Bucket:
             torch.cat(grads[:k], out=self._vector_region)  # type: ignore[arg-type]
         if k < len(grads):
             torch._foreach_copy_(views[k:], grads[k:])  # type: ignore[arg-type]
+
+
+class SparseBucket:
+    """A bucket of one parameter whose gradient is sparse (a sparse ``nn.Embedding``): the gradient itself, divided
+    on its way in, is what is all-reduced (gloo sums sparse tensors; torch's DDP does the same), and the result
+    becomes ``.grad``. It has the dense :class:`Bucket`'s interface, so the step handles both alike."""
+
+    def __init__(self, index: int, param_index: int, params: Sequence[torch.Tensor]) -> None:
+        self.index = index
+        self.assigned = self.param_indices = [param_index]
+        param = params[param_index]
+        self.params = [param]
+        self.quiet: list[int] = []
+        self.eager = [True]
+        self.hooked_count = 1
+        self.nbytes = param.numel() * param.element_size()  # its dense size, for messages
+        self.buffer = _empty_sparse(param)
+        self.views = [self.buffer]
+
+    def take(self, _slot: int, divisor: int | None) -> None:
+        grad = self.params[0].grad
+        if grad is None:
+            self.buffer = _empty_sparse(self.params[0])
+        else:
+            grad = grad.coalesce()
+            self.buffer = grad / divisor if divisor else grad.clone()
+        self.views = [self.buffer]
+
+    def gather_small_grads(self, divisor: int | None) -> None:
+        pass
+
+    def receive(self, result: torch.Tensor) -> None:
+        self.buffer = result
+        self.views = [result]
+
+    def write_back(self, scale: float) -> None:
+        self.params[0].grad = self.buffer * scale if scale != 1.0 else self.buffer
+
+
+def _empty_sparse(param: torch.Tensor) -> torch.Tensor:
+    indices = torch.zeros(1, 0, dtype=torch.int64, device=param.device)
+    values = torch.zeros(0, *param.shape[1:], dtype=param.dtype, device=param.device)
+    return torch.sparse_coo_tensor(indices, values, param.shape)
+
+
+AnyBucket = Bucket | SparseBucket
 
 
 def quiet_parameters(bucket: Bucket, order: Sequence[int]) -> list[int]:

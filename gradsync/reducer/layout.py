@@ -7,7 +7,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from gradsync.reducer.buckets import Bucket, assign_buckets, quiet_parameters, write_back
+from gradsync.reducer.buckets import AnyBucket, Bucket, SparseBucket, assign_buckets, quiet_parameters, write_back
 
 
 class BucketLayout:
@@ -19,13 +19,22 @@ class BucketLayout:
     """
 
     def __init__(
-        self, params: Sequence[torch.Tensor], order: Sequence[int], limits: Sequence[int], as_view: bool
+        self,
+        params: Sequence[torch.Tensor],
+        order: Sequence[int],
+        limits: Sequence[int],
+        as_view: bool,
+        sparse: Sequence[bool] | None = None,
     ) -> None:
         self.order = list(order)
         self.limits = list(limits)
         self.as_view = as_view
-        groups = assign_buckets(params, self.order, self.limits)
-        self.buckets = [Bucket(k, group, params, as_view) for k, group in enumerate(groups)]
+        self.sparse = sparse
+        groups = assign_buckets(params, self.order, self.limits, sparse)
+        self.buckets: list[AnyBucket] = [
+            SparseBucket(k, group[0], params) if sparse and sparse[group[0]] else Bucket(k, group, params, as_view)
+            for k, group in enumerate(groups)
+        ]
         self.bucket_index_of = [0] * len(params)
         self.slot_of = [0] * len(params)
         # Per parameter: the bound method that moves a large gradient in as soon as it is ready, or None for a small
@@ -36,10 +45,12 @@ class BucketLayout:
                 self.bucket_index_of[i] = bucket.index
                 self.slot_of[i] = slot
                 self.take_of[i] = bucket.take if bucket.eager[slot] else None
-        # Bucket order, flattened: the write-back is one fused copy over these.
-        self._flat_params = [p for b in self.buckets for p in b.params]
-        self._flat_views = [v for b in self.buckets for v in b.views]
-        self._flat_indices = [i for b in self.buckets for i in b.param_indices]
+        # Dense buckets in order, flattened: their write-back is one fused copy over these.
+        self.dense = [b for b in self.buckets if isinstance(b, Bucket)]
+        self.sparse_buckets = [b for b in self.buckets if isinstance(b, SparseBucket)]
+        self._flat_params = [p for b in self.dense for p in b.params]
+        self._flat_views = [v for b in self.dense for v in b.views]
+        self._flat_indices = [i for b in self.dense for i in b.param_indices]
 
     def __len__(self) -> int:
         return len(self.buckets)
@@ -48,7 +59,7 @@ class BucketLayout:
         """gradient_as_bucket_view: keep the gradients accumulated so far, but from now on ``.grad`` is the slot."""
         if not self.as_view:
             return
-        for bucket in self.buckets:
+        for bucket in self.dense:
             for view, param in zip(bucket.views, bucket.params):
                 if param.grad is not None:
                     view.copy_(param.grad)
@@ -58,19 +69,32 @@ class BucketLayout:
         """static_graph: per bucket, the small parameters whose hook the last-ready one stands for (see
         :func:`quiet_parameters`); returns all of them, for the reducer to remove their hooks."""
         quiet: list[int] = []
-        for bucket in self.buckets:
+        for bucket in self.dense:
             bucket.quiet = quiet_parameters(bucket, ready_order)
             quiet += bucket.quiet
         return quiet
 
-    def write_back(self, globally_used: list[int] | None) -> None:
-        """Every bucket's averages into ``.grad`` (one fused copy in the common case)."""
+    def write_back(self, globally_used: list[int] | None, scale: float) -> None:
+        """Every bucket's averages, times ``scale``, into ``.grad`` (one fused copy in the common case)."""
+        if scale != 1.0:
+            torch._foreach_mul_([b.buffer for b in self.dense], scale)
         write_back(globally_used, self._flat_params, self._flat_views, self._flat_indices, self.as_view)
+        for bucket in self.sparse_buckets:
+            bucket.write_back(scale)
 
-    def write_back_bucket(self, bucket: Bucket) -> None:
+    def write_back_bucket(self, bucket: AnyBucket, scale: float) -> None:
         """One bucket's averages into its parameters' ``.grad`` (when each bucket is handed on as it lands)."""
+        if isinstance(bucket, SparseBucket):
+            bucket.write_back(scale)
+            return
+        if scale != 1.0:
+            bucket.buffer.mul_(scale)
         write_back(None, bucket.params, bucket.views, bucket.param_indices, self.as_view)
 
     def same_buckets(self, other: BucketLayout) -> bool:
         """Whether ``other`` groups the parameters identically (then switching between them changes nothing)."""
         return [b.param_indices for b in self.buckets] == [b.param_indices for b in other.buckets]
+
+    def new(self, params: Sequence[torch.Tensor], order: Sequence[int], limits: Sequence[int]) -> BucketLayout:
+        """A layout like this one (view mode, sparse parameters) for another order or caps."""
+        return BucketLayout(params, order, limits, self.as_view, self.sparse)

@@ -2,37 +2,77 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
-from gradsync.reducer.buckets import MIB, Bucket
+from gradsync.reducer.buckets import MIB, AnyBucket
 
 
-def bucket_description(bucket: Bucket, n_buckets: int, names: Sequence[str]) -> str:
+def bucket_description(bucket: AnyBucket, n_buckets: int, names: Sequence[str]) -> str:
     shown = [names[i] for i in bucket.assigned]
     listed = ", ".join(shown[:6]) + (f", ... ({len(shown) - 6} more)" if len(shown) > 6 else "")
     return f"bucket {bucket.index} of {n_buckets} ({bucket.nbytes / MIB:.2f} MiB, params: {listed})"
 
 
-def no_gradient(rank: int, missing: Sequence[str]) -> str:
+# torch's DDP reports a reduction that never finished at the next forward, in these words; quoted so that
+# searches for torch's message find gradsync's too.
+TORCH_PHRASE = "Expected to have finished reduction in the prior iteration before starting a new one"
+
+
+def no_gradient(rank: int, missing: Sequence[str], mode_hint: str) -> str:
     return (
         f"rank {rank}: {len(missing)} parameter(s) received no gradient in this backward pass: "
-        f"{', '.join(missing[:20])}{' ...' if len(missing) > 20 else ''}. Their bucket could not be reduced. "
-        "If the model legitimately skips them (an unused head, a branch taken on some inputs only), pass "
-        "find_unused_parameters=True to DistributedDataParallel; otherwise make sure every forward output "
-        "that depends on them is part of the loss."
+        f"{', '.join(missing[:20])}{' ...' if len(missing) > 20 else ''}. Their bucket could not be reduced "
+        f'(torch\'s DDP says, one iteration later: "{TORCH_PHRASE}"). {mode_hint}'
     )
 
 
-def backward_after_reduction(name: str) -> str:
+def unused_hint(find_unused_parameters: bool) -> str:
+    """What to do about parameters without a gradient, for the flags in use."""
+    if find_unused_parameters:
+        return (
+            "find_unused_parameters=True is set, but these were reached from the outputs and still got no "
+            "gradient: a forward output that depends on them is not part of the loss on this rank, or backward "
+            "stopped early (torch.autograd.grad with inputs=)."
+        )
     return (
-        f"backward() reached parameter '{name}' again after its gradients were already averaged for this "
-        "forward. Run forward() before each backward(), or wrap extra backward passes in ddp.no_sync()."
+        "If the model legitimately skips them (an unused head, a branch taken on some inputs only), pass "
+        "find_unused_parameters=True to DistributedDataParallel; otherwise make sure every forward output that "
+        "depends on them is part of the loss."
     )
+
+
+def unfinished_reduction(rank: int, missing: Sequence[str]) -> str:
+    return (
+        f"rank {rank}: {TORCH_PHRASE}: the previous backward never finished averaging; "
+        f"{len(missing)} parameter(s) got no gradient: {', '.join(missing[:20])}{' ...' if len(missing) > 20 else ''}. "
+        "Pass find_unused_parameters=True if the model skips them, or make every output that depends on them part "
+        "of the loss."
+    )
+
+
+def backward_after_reduction(names: Sequence[str]) -> Callable[[int], str]:
+    def message(index: int) -> str:
+        return (
+            f"gradsync (GRADSYNC_DEBUG): backward() reached parameter '{names[index]}' after its gradients were "
+            "already averaged for this forward; as with torch's DDP, this gradient stays local (unaveraged). Run "
+            "forward() before each backward(), or wrap extra backward passes in ddp.no_sync() to say it is meant."
+        )
+
+    return message
 
 
 def ready_twice(name: str) -> str:
     return (
-        f"parameter '{name}' became ready twice in one backward pass. This happens with reentrant "
-        "backward (checkpointing with use_reentrant=True) or a parameter reported unused that still got a "
-        "gradient; use use_reentrant=False, or find which rank's forward skipped the parameter."
+        f"parameter '{name}' became ready twice in one backward pass (torch: \"Expected to mark a variable ready "
+        'only once"). This happens when a parameter is used both inside and outside a reentrant checkpoint '
+        "(use_reentrant=True), or is reached by two backward passes of one forward; pass static_graph=True if the "
+        "graph is the same every iteration, or use use_reentrant=False."
+    )
+
+
+def graph_changed(name: str) -> str:
+    return (
+        f"Your training graph has changed in this iteration: parameter '{name}' got a gradient, but under "
+        "static_graph=True it was unused in the first iteration, which stands for every later one. Pass "
+        "static_graph=False (with find_unused_parameters=True if some parameters are sometimes unused)."
     )

@@ -7,8 +7,9 @@ collectives must match. Torch does the same and never rebuilds with a dynamic gr
 
 With tuning on, the rebuild also proposes bucket caps from iteration 1's timeline (:mod:`.autotune`). A proposal is
 a prediction, so it is checked before it is kept: the next ``2 * TRIAL_PAIRS`` synced steps alternate the proposed
-layout and torch's, every rank switching at the same forward; rank 0 then keeps the proposal only if the median of
-its paired step-time ratios is at most ``1 - KEEP_MARGIN``, and broadcasts that decision. Each step is timed from
+layout and torch's, every rank switching at the same forward; rank 0 then keeps the proposal only if both the median
+of its paired step-time ratios and the ratio of its median step times are at most ``1 - KEEP_MARGIN``, and
+broadcasts that decision. Each step is timed from
 its first gradient to ``.grad`` being final, which covers everything the layout changes (the copies, the
 collectives, and the CPU they take from backward) and nothing it does not (forward, data, optimizer).
 
@@ -30,6 +31,7 @@ import torch
 
 from gradsync.collectives.communicator import Communicator, Op
 from gradsync.reducer import autotune
+from gradsync.reducer.buckets import MIB
 from gradsync.reducer.layout import BucketLayout
 
 log = logging.getLogger("gradsync")
@@ -72,8 +74,10 @@ class Trial:
         proposed, default = self.seconds
         ratios = [p / d for p, d in zip(proposed, default) if d > 0]
         ratio = _median(ratios, float("inf"))
-        kept = ratio <= 1 - KEEP_MARGIN
-        return autotune.TrialResult(len(ratios), _median(proposed, 0.0), _median(default, 0.0), ratio, kept)
+        proposed_s, default_s = _median(proposed, 0.0), _median(default, 0.0)
+        # Both the paired ratios and the plain medians must show the gain: on a noisy machine one alone can.
+        kept = ratio <= 1 - KEEP_MARGIN and proposed_s <= default_s * (1 - KEEP_MARGIN)
+        return autotune.TrialResult(len(ratios), proposed_s, default_s, ratio, kept)
 
 
 class Rebuild:
@@ -83,15 +87,14 @@ class Rebuild:
         self,
         params: Sequence[torch.Tensor],
         comm: Communicator,
-        limits: Sequence[int],
-        as_view: bool,
+        first: BucketLayout,
         enabled: bool,
         tune: bool,
     ) -> None:
         self._params = params
         self._comm = comm
-        self._limits = list(limits)
-        self._as_view = as_view
+        self._limits = list(first.limits)
+        self._first = first  # iteration 1's layout: the rebuilt ones keep its view mode and sparse parameters
         self._tune = tune
         self.state = State.RECORDING if enabled else State.NEVER
         self.tuning: autotune.BucketTuning | None = None
@@ -141,7 +144,7 @@ class Rebuild:
         seen = set(self.local_order)
         order = self.local_order + [i for i in reversed(range(len(self._params))) if i not in seen]
         proposed = self._limits
-        if self._tune and self._comm.size > 1:  # every rank probes; rank 0's proposal is the one broadcast
+        if self._worth_tuning():  # every rank probes; rank 0's proposal is the one broadcast
             times = (self.local_order, self._ready_times, self._backward_start)
             self.tuning = autotune.tune(self._comm, self._params, order, times, self._limits)
             proposed = self.tuning.proposed_limits
@@ -161,8 +164,16 @@ class Rebuild:
         self._finish(default)
         return default
 
+    def _worth_tuning(self) -> bool:
+        """No probe (no extra collective a profiler would count) where no candidate cap could split the gradients:
+        a group of one, or gradients no larger than the smallest candidate. Parameter sizes are the same on every
+        rank (checked at construction), so every rank decides alike."""
+        grad_bytes = sum(p.numel() * p.element_size() for p in self._params)
+        smallest = min(autotune.CANDIDATE_CAPS_MB) * MIB
+        return self._tune and self._comm.size > 1 and grad_bytes > smallest
+
     def _layout(self, order: list[int], limits: list[int]) -> BucketLayout:
-        return BucketLayout(self._params, order, limits, self._as_view)
+        return self._first.new(self._params, order, limits)
 
     def _decide(self) -> BucketLayout:
         assert self._trial is not None

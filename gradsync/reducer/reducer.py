@@ -1,16 +1,22 @@
 """The reducer: gradient hooks, the phase of the current step, the bucket layout, and the extension points.
 
 Each parameter gets one post-accumulate-grad hook, which calls whatever the current phase says a ready gradient
-means: nothing (a ``no_sync`` backward), the start of a synced backward, :meth:`BackwardStep.mark_ready` (see
-:mod:`.step` for the path of one gradient), or an error (a second backward after the reduction). The phase changes
-by rebinding that one function, and optional features (order recording for the rebuild, usage tracking, a
-Monitor) are composed into it only when they are on, so the per-gradient path never tests a feature that is off.
+means: nothing (a ``no_sync`` backward, or after the reduction, as in torch), the start of a synced backward, or
+:meth:`BackwardStep.mark_ready` (see :mod:`.step` for the path of one gradient). The phase changes by rebinding that
+one function; optional features are composed into it only when they are on (:mod:`.ready`).
+
+When backward ends: the last bucket's launch queues the finalizer on the autograd engine (as torch's reducer does),
+so it runs after the last gradient even under reentrant checkpointing, where hooks fire inside a nested backward.
+A check queued at the start of the outermost backward (by :mod:`.sink`, or the first hook) names the parameters
+that never got a gradient. With ``static_graph`` the first iteration launches nothing during backward: it learns
+which parameters are used, then reduces everything at the end (torch's delayed all-reduce).
 """
 
 from __future__ import annotations
 
+import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import torch
@@ -19,17 +25,16 @@ from gradsync.collectives.communicator import Communicator, Op
 from gradsync.comm.grad_bucket import GradBucket
 from gradsync.errors import ConfigError, GradientError
 from gradsync.observe.recorder import Recorder
-from gradsync.reducer import messages
+from gradsync.reducer import messages, ready
 from gradsync.reducer.autotune import BucketTuning, tuning_enabled
-from gradsync.reducer.buckets import Bucket, size_limits
+from gradsync.reducer.buckets import AnyBucket, size_limits
 from gradsync.reducer.layout import BucketLayout
 from gradsync.reducer.mode import GraphMode
 from gradsync.reducer.rebuild import Rebuild, State
 from gradsync.reducer.step import BackwardStep, StepContext
-from gradsync.reducer.unused import GlobalUsage
+from gradsync.reducer.unused import GlobalUsage, unused_parameter_indices
 
 CommHook = Callable[[Any, GradBucket], torch.futures.Future]
-ReadyFunction = Callable[[int], None]
 
 
 class Reducer:
@@ -48,6 +53,8 @@ class Reducer:
         bucket_cap_mb: float | str | Sequence[float] | None = None,
         gradient_as_bucket_view: bool = False,
         mode: GraphMode = GraphMode.ALL_USED,
+        sparse: Sequence[bool] | None = None,
+        skip_unused: bool = False,
     ) -> None:
         self.params = list(params)
         self.names = list(names)
@@ -56,26 +63,26 @@ class Reducer:
         limits = size_limits(bucket_cap_mb)
         # Iteration 1: reverse registration order, torch's guess at the order gradients become ready.
         first_order = list(reversed(range(len(self.params))))
-        self.layout = BucketLayout(self.params, first_order, limits, gradient_as_bucket_view)
-        self._rebuild = Rebuild(
-            self.params, comm, limits, gradient_as_bucket_view, mode.rebuilds, tuning_enabled(bucket_cap_mb)
-        )
-        self._usage = GlobalUsage(len(self.params), mode, comm)
+        self.layout = BucketLayout(self.params, first_order, limits, gradient_as_bucket_view, sparse)
+        self._rebuild = Rebuild(self.params, comm, self.layout, mode.rebuilds, tuning_enabled(bucket_cap_mb))
+        self._usage = GlobalUsage(len(self.params), mode, comm, assume_same_everywhere=skip_unused)
         self._comm_hook: CommHook | None = None
         self._comm_state: Any = None
         self._recorder = Recorder()
         self._recorder_attached = False  # whether to poll it from every gradient hook
-        self._bucket_reduced: Callable[[Bucket], None] | None = None
+        self._bucket_reduced: Callable[[AnyBucket], None] | None = None
         self._context = self._make_context()
         self._step: BackwardStep | None = None
         self._unused: Sequence[int] = ()
+        self._static_unused: list[int] | None = None  # static_graph: learned in the first backward
+        self._forward_thread = threading.get_ident()
         self.iteration = 0  # synced backward passes completed (a joined rank's shadows included)
-        self._on_ready: ReadyFunction = _accumulate_locally
+        self._on_ready: ready.ReadyFunction = self._idle_function()
         self._handles = [p.register_post_accumulate_grad_hook(self._make_hook(i)) for i, p in enumerate(self.params)]
 
     # ------------------------------------------------------------------------------------- what it exposes
     @property
-    def buckets(self) -> list[Bucket]:
+    def buckets(self) -> list[AnyBucket]:
         return self.layout.buckets
 
     @property
@@ -87,6 +94,12 @@ class Reducer:
     def rebuilt(self) -> bool:
         """Whether the one-time rebuild has happened (the tuner's check may still be running)."""
         return self._rebuild.state not in (State.NEVER, State.RECORDING, State.PENDING)
+
+    @property
+    def needs_output_sink(self) -> bool:
+        """Whether this forward's outputs must pass through :mod:`.sink` (as torch's ``_DDPSink``): a dynamic graph
+        (outputs the loss does not use must send undefined gradients) and static_graph's first iteration."""
+        return self.mode is GraphMode.FIND_UNUSED or (self.mode is GraphMode.STATIC and self._static_unused is None)
 
     def describe_bucket(self, k: int) -> str:
         return messages.bucket_description(self.layout.buckets[k], len(self.layout), self.names)
@@ -106,7 +119,7 @@ class Reducer:
         self._recorder, self._recorder_attached = Recorder(), False
         self._context = self._make_context()
 
-    def on_bucket_reduced(self, callback: Callable[[Bucket], None]) -> None:
+    def on_bucket_reduced(self, callback: Callable[[AnyBucket], None]) -> None:
         """Call ``callback(bucket)`` as soon as each bucket's averages are in ``.grad``, while later buckets may
         still be in flight (gradsync.optim.OverlappedOptimizer steps that bucket's parameters there)."""
         if self.mode.tracks_usage:
@@ -122,6 +135,7 @@ class Reducer:
         return StepContext(
             names=self.names,
             comm=self.comm,
+            twice=self._ready_twice_error,
             reduce=self._reduce_with_hook if hooked else self._reduce_builtin,
             divisor=None if hooked else self.comm.size,  # a hook averages itself, as torch's do
             usage=self._usage,
@@ -147,21 +161,30 @@ class Reducer:
         return (
             self.mode is GraphMode.STATIC
             and bool(self._rebuild.local_order)
-            and not self._unused
+            and not self._static_unused
             and not self.comm.check_desync
         )
 
-    def prepare_for_backward(self, unused: Sequence[int] = (), scale: float = 1.0) -> None:
-        """Arm the next backward to reduce. ``unused`` parameters count as ready with their current gradient;
-        ``scale`` multiplies the averages (join with divide_by_initial_world_size=False)."""
-        self._step = BackwardStep(self._context, self.layout, scale)
-        self._unused = unused
+    def prepare_for_backward(self, outputs: Iterable[torch.Tensor] = (), scale: float = 1.0) -> None:
+        """Arm the next backward to reduce. ``outputs``: the forward's tensors (find_unused_parameters walks their
+        graph); ``scale`` multiplies the averages (join with divide_by_initial_world_size=False)."""
+        self._raise_if_unfinished()
+        self._step = BackwardStep(self._context, self.layout, scale, on_all_launched=self._queue_finalize)
+        self._unused = self._unused_parameters(outputs)
+        self._forward_thread = threading.get_ident()
         self._on_ready = self._begin_backward
+
+    def _unused_parameters(self, outputs: Iterable[torch.Tensor]) -> Sequence[int]:
+        if self.mode is GraphMode.FIND_UNUSED:
+            with torch.autograd.profiler.record_function("search_unused_parameters"):  # torch's profiler label
+                return unused_parameter_indices(outputs, self.params)
+        return self._static_unused or ()
 
     def skip_next_backward(self) -> None:
         """Let the next backward accumulate gradients locally (no_sync / require_backward_grad_sync=False)."""
+        self._raise_if_unfinished()
         self._step = None
-        self._on_ready = _accumulate_locally
+        self._on_ready = self._idle_function()
 
     def shadow_backward(self) -> None:
         """A joined rank: issue this backward's collectives with zeros, exactly as a training rank would."""
@@ -171,6 +194,13 @@ class Reducer:
         step.finish()
         self._end_synced_backward(time.perf_counter() - start)
 
+    def sink_backward_started(self) -> None:
+        """The outputs' sink ran: this is the outermost backward of the armed step; check its end there."""
+        step = self._step
+        if step is not None and not step.end_queued and not step.finished:
+            step.end_queued = True
+            torch.autograd.Variable._execution_engine.queue_callback(self._end_of_backward)
+
     # ------------------------------------------------------------------------------------ the hooks' side
     def _make_hook(self, index: int) -> Callable[[torch.Tensor], None]:
         def hook(_param: torch.Tensor) -> None:
@@ -178,48 +208,121 @@ class Reducer:
 
         return hook
 
+    def _idle_function(self) -> ready.ReadyFunction:
+        # Outside a synced backward, usage is still tracked where it is all-reduced at the next synced step: a
+        # parameter used only in no_sync micro-batches has gradients to average too (torch's local_used_map).
+        used = self._usage.local_map()
+        if used is None:
+            return ready.accumulate_locally
+        return ready.marking_used(used, self.params, ready.accumulate_locally)
+
+    def _after_reduction_function(self) -> ready.ReadyFunction:
+        # torch: gradients after the reduction (a second backward of one forward, or another wrapper of the same
+        # module training) accumulate locally. Under GRADSYNC_DEBUG a rank doing so is warned, once.
+        idle = self._idle_function()
+        if not self.comm.check_desync:
+            return idle
+        return ready.warning_once(messages.backward_after_reduction(self.names), idle)
+
     def _begin_backward(self, index: int) -> None:
-        """The first gradient of a synced backward: arm the end-of-backward callback, then handle it."""
+        """The first gradient of a synced backward: arm the end-of-backward check, then handle it."""
         step = self._step
         assert step is not None
         step.started = time.perf_counter()
         self._rebuild.backward_started(step.started)
-        torch.autograd.Variable._execution_engine.queue_callback(self._finalize)
+        if not step.end_queued:
+            step.end_queued = True
+            torch.autograd.Variable._execution_engine.queue_callback(self._end_of_backward)
         self._recorder.backward_start(self.layout.buckets)
-        self._on_ready = on_ready = self._ready_function(step)
-        mark_unused = self._recording(step.mark_ready)  # ready with their current gradient, but never "used"
-        for j in self._unused:
-            mark_unused(j)
+        if self._delays_reduction():
+            self._on_ready = on_ready = self._learning_function(step)
+        else:
+            self._on_ready = on_ready = self._ready_function(step)
+            mark_unused = self._recording(step.mark_ready)  # ready with their current gradient, never "used"
+            for j in self._unused:
+                mark_unused(j)
         on_ready(index)
 
-    def _ready_function(self, step: BackwardStep) -> ReadyFunction:
-        on_ready: ReadyFunction = step.mark_ready
+    def _delays_reduction(self) -> bool:
+        return self.mode is GraphMode.STATIC and self._static_unused is None
+
+    def _ready_function(self, step: BackwardStep) -> ready.ReadyFunction:
+        on_ready: ready.ReadyFunction = step.mark_ready
         if step.used is not None:
-            on_ready = _also_mark_used(step.used, on_ready)
+            on_ready = ready.marking_used(step.used, self.params, on_ready)
         on_ready = self._recording(on_ready)
         if self._recorder_attached:
-            on_ready = _also_poll(self._recorder, on_ready)
+            on_ready = ready.polling(self._recorder.poll, on_ready)
+        if torch.is_grad_enabled():  # backward(create_graph=True)
+            on_ready = ready.without_grad(on_ready)
         return on_ready
 
-    def _recording(self, on_ready: ReadyFunction) -> ReadyFunction:
-        return _also_record(self._rebuild.record, on_ready) if self._rebuild.recording else on_ready
+    def _learning_function(self, step: BackwardStep) -> ready.ReadyFunction:
+        """static_graph's first backward: note who is used and in which order; reduce at the end."""
+        fired = step.fired = []
+        on_ready: ready.ReadyFunction = fired.append
+        if step.used is not None:
+            on_ready = ready.marking_used(step.used, self.params, on_ready)
+        return self._recording(on_ready)
+
+    def _recording(self, on_ready: ready.ReadyFunction) -> ready.ReadyFunction:
+        return ready.recording(self._rebuild.record, on_ready) if self._rebuild.recording else on_ready
+
+    # ------------------------------------------------------------------------------------ end of backward
+    def _end_of_backward(self) -> None:
+        """Queued at the start of the backward: by now every gradient should have arrived."""
+        step = self._step
+        if step is None or step.finished or step.all_launched:
+            return  # the finalizer (queued by the last launch) does the rest
+        if step.fired is not None:
+            self._reduce_what_was_learned(step)
+        elif ready.inside_nested_backward(self._forward_thread):
+            task = ready.current_graph_task()
+            queue = lambda: torch.autograd.Variable._execution_engine.queue_callback(self._end_of_backward)  # noqa: E731
+            self._on_ready = ready.requeue_on_new_graph_task(task, queue, self._on_ready)
+        else:
+            step.raise_not_ready(messages.unused_hint(self.mode is GraphMode.FIND_UNUSED))
+
+    def _reduce_what_was_learned(self, step: BackwardStep) -> None:
+        """static_graph's first backward ended: what fired is used, the rest is unused from now on (this rank's
+        graph; the usage all-reduce tells which no rank used)."""
+        fired = step.fired or []
+        seen = set(fired)
+        self._static_unused = [i for i in range(len(self.params)) if i not in seen]
+        step.fired = None
+        with torch.no_grad():
+            for i in fired + self._static_unused:
+                step.mark_ready(i)  # the last launch queues the finalizer, right behind this callback
+
+    def _queue_finalize(self) -> None:
+        torch.autograd.Variable._execution_engine.queue_callback(self._finalize)
 
     def _finalize(self) -> None:
         step = self._step
-        assert step is not None
-        self._on_ready = self._reached_after_reduction
+        if step is None or step.finished:
+            return
+        self._on_ready = self._after_reduction_function()
         self._recorder.backward_end()
-        step.finish()
+        with torch.no_grad():
+            step.finish()
         self._recorder.comm_end()
-        self._step = None
         self._end_synced_backward(time.perf_counter() - step.started)
 
     def _end_synced_backward(self, seconds: float) -> None:
         self.iteration += 1
         self._rebuild.backward_done(seconds)
 
-    def _reached_after_reduction(self, index: int) -> None:
-        raise GradientError(messages.backward_after_reduction(self.names[index]))
+    def _raise_if_unfinished(self) -> None:
+        step = self._step
+        if step is not None and step.started and not step.finished:
+            message = messages.unfinished_reduction(torch.distributed.get_rank(), step.missing())
+            self._step = None
+            raise GradientError(message)
+
+    def _ready_twice_error(self, index: int) -> Exception:
+        if self.mode is GraphMode.STATIC and self._static_unused and index in self._static_unused:
+            return GradientError(messages.graph_changed(self.names[index]))
+        return GradientError(messages.ready_twice(self.names[index]))
 
     # ---------------------------------------------------------------------------------- starting a bucket
     def _reduce_builtin(self, k: int, buffer: torch.Tensor, views: list[torch.Tensor], is_last: bool):
@@ -238,31 +341,3 @@ class Reducer:
                 f"bucket {k}; it must return a torch.futures.Future[torch.Tensor]."
             )
         return future
-
-
-def _accumulate_locally(_index: int) -> None:
-    """No synced forward was prepared (no_sync): autograd's accumulation in ``.grad`` is all there is to do."""
-
-
-def _also_mark_used(used: bytearray, inner: ReadyFunction) -> ReadyFunction:
-    def mark(i: int) -> None:
-        used[i] = 1
-        inner(i)
-
-    return mark
-
-
-def _also_record(record: Callable[[int], None], inner: ReadyFunction) -> ReadyFunction:
-    def mark(i: int) -> None:
-        record(i)
-        inner(i)
-
-    return mark
-
-
-def _also_poll(recorder: Recorder, inner: ReadyFunction) -> ReadyFunction:
-    def mark(i: int) -> None:
-        recorder.poll()
-        inner(i)
-
-    return mark

@@ -20,10 +20,10 @@ import torch
 
 from gradsync.collectives.communicator import Communicator, Op
 from gradsync.collectives.peer_errors import post_error
-from gradsync.errors import GradientError
+from gradsync.errors import ConfigError, GradientError
 from gradsync.observe.recorder import Recorder
 from gradsync.reducer import messages
-from gradsync.reducer.buckets import Bucket
+from gradsync.reducer.buckets import AnyBucket, SparseBucket
 from gradsync.reducer.layout import BucketLayout
 from gradsync.reducer.unused import GlobalUsage
 
@@ -38,27 +38,40 @@ class StepContext:
 
     names: Sequence[str]
     comm: Communicator
+    twice: Callable[[int], Exception]  # the error for a parameter whose gradient arrived twice
     reduce: ReduceBucket
     divisor: int | None  # the world size when gradients are divided on their way in (no comm hook)
     usage: GlobalUsage
     recorder: Recorder
-    bucket_reduced: Callable[[Bucket], None] | None  # hand each bucket on as soon as its averages are in .grad
+    bucket_reduced: Callable[[AnyBucket], None] | None  # hand each bucket on as soon as its averages are in .grad
 
 
 class BackwardStep:
     """The state of one synced backward: which gradients are in, which buckets are launched, their futures."""
 
-    def __init__(self, ctx: StepContext, layout: BucketLayout, scale: float = 1.0, shadow: bool = False) -> None:
+    def __init__(
+        self,
+        ctx: StepContext,
+        layout: BucketLayout,
+        scale: float = 1.0,
+        shadow: bool = False,
+        on_all_launched: Callable[[], None] | None = None,
+    ) -> None:
         self.ctx = ctx
         self.layout = layout
         self.scale = scale  # applied to the averages (join with divide_by_initial_world_size=False)
+        self.on_all_launched = on_all_launched  # the reducer queues the end-of-backward callback there
         self.ready = bytearray(len(ctx.names))
-        self.used = ctx.usage.local_map()  # None unless this step all-reduces a usage map
+        used = ctx.usage.local_map()  # None unless this step all-reduces a usage map
+        self.used = bytearray(len(used)) if shadow and used is not None else used  # a shadow used nothing
         self.pending = [b.hooked_count for b in layout.buckets]
         self.futures: list[torch.futures.Future] = []
         self.next_launch = 0
-        self.started = 0.0  # perf_counter() at the first gradient
+        self.started = 0.0  # perf_counter() at the first gradient; 0 until then
+        self.end_queued = False  # whether the end-of-backward check is queued on the autograd engine
+        self.finished = False
         self.buffers = [torch.zeros_like(b.buffer) for b in layout.buckets] if shadow else None
+        self.fired: list[int] | None = None  # static_graph's first backward: the parameters whose hook fired
         self._bucket_done = _ignore if shadow else (self._hand_on if ctx.bucket_reduced else _ignore)
         self._all_done = _ignore_used if shadow or ctx.bucket_reduced else self._write_back
         # Hot-path lookups, bound once per step.
@@ -71,7 +84,7 @@ class BackwardStep:
     def mark_ready(self, i: int) -> None:
         """Parameter ``i``'s gradient is final for this backward (its hook fired, or it is unused)."""
         if self.ready[i]:
-            raise GradientError(messages.ready_twice(self.ctx.names[i]))
+            raise self.ctx.twice(i)
         self.ready[i] = 1
         take = self._take_of[i]
         if take is not None:  # a large gradient: into its slot now, spreading the copying over backward
@@ -100,14 +113,27 @@ class BackwardStep:
             self.futures.append(future)
             self.next_launch += 1
             self.ctx.recorder.bucket_launched(k, future)
-        if self.next_launch == len(buckets) and self.used is not None:
-            self.ctx.usage.start(self.used, buckets[0].buffer.device)  # after the last bucket: it delays none
+        if self.next_launch == len(buckets):
+            if self.used is not None:
+                self.ctx.usage.start(self.used, buckets[0].buffer.device)  # after the last bucket: it delays none
+            if self.on_all_launched is not None:
+                self.on_all_launched()
+
+    @property
+    def all_launched(self) -> bool:
+        return self.next_launch == len(self.layout.buckets)
+
+    def missing(self) -> list[str]:
+        """The parameters whose gradient has not arrived."""
+        return [name for name, ready in zip(self.ctx.names, self.ready) if not ready]
 
     def _buffer_and_views(self, k: int) -> tuple[torch.Tensor, list[torch.Tensor]]:
         bucket = self.layout.buckets[k]
         if self.buffers is None:
             return bucket.buffer, bucket.views
         zeros = self.buffers[k]
+        if isinstance(bucket, SparseBucket):
+            return zeros, [zeros]
         sizes = [v.numel() for v in bucket.views]
         return zeros, [piece.view_as(v) for piece, v in zip(zeros.split(sizes), bucket.views)]
 
@@ -119,44 +145,51 @@ class BackwardStep:
     # ----------------------------------------------------------------------------------- end of backward
     def finish(self) -> None:
         """Wait for every bucket in order, then write the averages into ``.grad``."""
-        if self.next_launch < len(self.layout.buckets):
-            self._raise_not_ready()
+        self.finished = True
+        if not self.all_launched:
+            self.raise_not_ready(messages.unused_hint(False))
         for k, future in enumerate(self.futures):
             describe = lambda k=k: f"all-reduce of {self.describe_bucket(k)}"  # noqa: E731 (built only on failure)
-            result: Any = self.ctx.comm.wait(future, Op.BUCKET_ALLREDUCE, k, describe)
+            result: Any = self.ctx.comm.wait(future, Op.BUCKET_ALLREDUCE, k, describe, bounded=self._divisor is None)
             if isinstance(result, list):  # the built-in all-reduce's future holds [tensor]
                 result = result[0]
-            buffer = self.layout.buckets[k].buffer if self.buffers is None else self.buffers[k]
-            if result.data_ptr() != buffer.data_ptr():
-                buffer.copy_(result.view_as(buffer))
-            self._bucket_done(self.layout.buckets[k])
+            self._check_result(k, result)
+            if self.buffers is None:  # a shadow's results are zeros from everyone else: nothing to keep
+                self.layout.buckets[k].receive(result)
+                self._bucket_done(self.layout.buckets[k])
         # Hold no finished futures past this point: gloo work objects that outlive the process group are destroyed
         # during interpreter teardown and abort the process ("terminate called ...").
         self.futures = []
         self._all_done(self.ctx.usage.result())
 
-    def _hand_on(self, bucket: Bucket) -> None:
-        if self.scale != 1.0:
-            bucket.buffer.mul_(self.scale)
-        self.layout.write_back_bucket(bucket)
+    def _check_result(self, k: int, result: Any) -> None:
+        bucket = self.layout.buckets[k]
+        if isinstance(result, torch.Tensor) and (result.is_sparse or result.numel() == bucket.buffer.numel()):
+            return
+        got = f"a tensor of {result.numel()} elements" if isinstance(result, torch.Tensor) else type(result).__name__
+        raise ConfigError(
+            f"the communication hook's future for {self.describe_bucket(k)} holds {got}; it must hold the bucket's "
+            f"averaged gradients, a tensor of {bucket.buffer.numel()} elements (bucket.buffer()'s size)."
+        )
+
+    def _hand_on(self, bucket: AnyBucket) -> None:
+        self.layout.write_back_bucket(bucket, self.scale)
         self.ctx.bucket_reduced(bucket)  # type: ignore[misc]
 
     def _write_back(self, globally_used: list[int] | None) -> None:
-        if self.scale != 1.0:
-            torch._foreach_mul_([b.buffer for b in self.layout.buckets], self.scale)
-        self.layout.write_back(globally_used)
+        self.layout.write_back(globally_used, self.scale)
 
     def describe_bucket(self, k: int) -> str:
         return messages.bucket_description(self.layout.buckets[k], len(self.layout.buckets), self.ctx.names)
 
-    def _raise_not_ready(self) -> None:
-        missing = [name for name, ready in zip(self.ctx.names, self.ready) if not ready]
-        message = messages.no_gradient(torch.distributed.get_rank(), missing)
+    def raise_not_ready(self, hint: str) -> None:
+        """The backward ended with gradients missing: name them on every rank (posted for the others) and stop."""
+        message = messages.no_gradient(torch.distributed.get_rank(), self.missing(), hint)
         post_error(message)
         raise GradientError(message)
 
 
-def _ignore(_bucket: Bucket) -> None:
+def _ignore(_bucket: AnyBucket) -> None:
     pass
 
 

@@ -46,17 +46,23 @@ def unused_parameter_indices(outputs: Iterable[torch.Tensor], params: Sequence[t
 
 
 class GlobalUsage:
-    """Which parameters got a gradient on at least one rank in this backward (torch's "globally used" map).
+    """Which parameters got a gradient on at least one rank since the last synced step (torch's "globally used" map).
 
     With ``find_unused_parameters`` (a dynamic graph) each rank's map is all-reduced in every synced backward; with
     ``static_graph`` only in the first, whose answer stands for every later step, as torch's Reducer does
-    (``static_graph_first_iteration``), so a static graph pays no per-step collective for it.
+    (``static_graph_first_iteration``), so a static graph pays no per-step collective for it. A parameter counts
+    as used on a rank if its gradient was defined in this synced backward or in a ``no_sync`` one before it (torch's
+    ``local_used_map``): gradients accumulated under no_sync must be averaged too.
     """
 
-    def __init__(self, n: int, mode: GraphMode, comm: Communicator) -> None:
+    def __init__(self, n: int, mode: GraphMode, comm: Communicator, assume_same_everywhere: bool = False) -> None:
         self.n = n
         self.mode = mode
         self._comm = comm
+        # skip_all_reduce_unused_params: the user guarantees every rank leaves the same parameters unused, so this
+        # rank's map is everyone's and no all-reduce is needed.
+        self._local_is_global = assume_same_everywhere
+        self._local = bytearray(n)
         self._known: list[int] | None = None  # static_graph: the first step's answer (None: all used)
         self._have_known = False
         self._map: torch.Tensor | None = None
@@ -67,13 +73,24 @@ class GlobalUsage:
         return self.mode is GraphMode.FIND_UNUSED or (self.mode is GraphMode.STATIC and not self._have_known)
 
     def local_map(self) -> bytearray | None:
-        """A zeroed map for this backward's hooks to mark, or None when this step needs none."""
-        return bytearray(self.n) if self.reduced_this_step() else None
+        """This rank's map since the last synced step, for hooks to mark; None when this step needs none."""
+        return self._local if self.reduced_this_step() else None
 
     def start(self, used: bytearray, device: torch.device) -> None:
-        """Launch the all-reduce of this rank's map (after the last bucket, so it never delays one)."""
+        """Launch the all-reduce of this rank's map (after the last bucket, so it never delays one); the next
+        synced step starts from an empty map."""
         self._map = torch.tensor(list(used), dtype=torch.int32, device=device)
-        self._future = self._comm.all_reduce_async(Op.USAGE_ALLREDUCE, self._map)
+        if self._local_is_global:
+            self._future = torch.futures.Future()
+            self._future.set_result([self._map])
+        else:
+            self._future = self._comm.all_reduce_async(Op.USAGE_ALLREDUCE, self._map)
+        self._local = bytearray(self.n)
+
+    @property
+    def known(self) -> bool:
+        """static_graph: whether the first step's answer is in (then no more maps are reduced)."""
+        return self._have_known
 
     def result(self) -> list[int] | None:
         """Per parameter, 0 if no rank used it; None if every parameter counts as used (the write-back's fast path)."""

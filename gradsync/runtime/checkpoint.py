@@ -7,8 +7,10 @@ states are saved, so dropout and shuffling continue bit for bit after a resume.
 
 from __future__ import annotations
 
+import errno
 import os
 import random
+import shutil
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -18,7 +20,10 @@ import torch
 import torch.distributed as dist
 
 from gradsync.collectives.communicator import Communicator, Op
+from gradsync.errors import CheckpointError
 
+# Every rank must call save: the ones that arrive wait this long for the others before failing by name.
+ARRIVAL_SECONDS = 60.0
 _RNG_KEY = "_gradsync_rng"
 _KINDS_KEY = "_gradsync_kinds"
 
@@ -48,6 +53,8 @@ def atomic_torch_save(obj: Any, path: str | os.PathLike) -> None:
     """``torch.save`` to a temporary file beside ``path``, fsync, then rename over ``path``."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    for stale in path.parent.glob(f".{path.name}.tmp-*"):  # left by a save that was killed mid-write
+        stale.unlink(missing_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
         with open(tmp, "wb") as fh:
@@ -55,6 +62,8 @@ def atomic_torch_save(obj: Any, path: str | os.PathLike) -> None:
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
+    except (OSError, RuntimeError) as exc:
+        raise CheckpointError(_write_failed(path, exc)) from exc
     finally:
         if tmp.exists():
             tmp.unlink()
@@ -63,6 +72,17 @@ def atomic_torch_save(obj: Any, path: str | os.PathLike) -> None:
         os.fsync(dir_fd)  # the rename itself survives a power cut
     finally:
         os.close(dir_fd)
+
+
+def _write_failed(path: Path, exc: BaseException) -> str:
+    # torch.save reports a full disk from C++ ("unexpected pos ..."): name it by checking the space left.
+    free = shutil.disk_usage(path.parent).free
+    if getattr(exc, "errno", None) == errno.ENOSPC or free < 1 << 20:
+        return (
+            f"no space left on the device to write '{path}' ({free / 2**20:.1f} MiB free). The previous "
+            "checkpoint, if any, is intact. Free space or save elsewhere."
+        )
+    return f"writing '{path}' failed ({type(exc).__name__}: {exc}). The previous checkpoint, if any, is intact."
 
 
 def save(path: str | os.PathLike, process_group: dist.ProcessGroup | None = None, **state: Any) -> None:
@@ -82,6 +102,8 @@ def save(path: str | os.PathLike, process_group: dist.ProcessGroup | None = None
         else:
             payload[key], kinds[key] = value, "value"
     comm = Communicator(process_group) if dist.is_initialized() else None
+    if comm is not None:
+        comm.expect_everyone(Op.CHECKPOINT_RNG, ARRIVAL_SECONDS, "gradsync.checkpoint.save")
     rngs = comm.all_gather_object(Op.CHECKPOINT_RNG, rng_state()) if comm is not None else [rng_state()]
     payload[_RNG_KEY], payload[_KINDS_KEY] = rngs, kinds
     if comm is None or comm.rank == 0:
@@ -94,8 +116,30 @@ def load(path: str | os.PathLike, map_location: str | torch.device | None = None
     """Read a checkpoint written by :func:`save` (onto ``map_location``, default CPU); pass it to :func:`restore`."""
     if not Path(path).exists():
         raise FileNotFoundError(f"gradsync.checkpoint.load: no checkpoint at '{path}'")
-    # weights_only=False: the payload holds numpy and Python RNG states; load only checkpoints you wrote.
-    return torch.load(path, map_location=map_location or "cpu", weights_only=False)
+    try:
+        # weights_only=False: the payload holds numpy and Python RNG states; load only checkpoints you wrote.
+        payload = torch.load(path, map_location=map_location or "cpu", weights_only=False)
+    except Exception as exc:
+        raise CheckpointError(_unreadable(Path(path), exc)) from exc
+    if not isinstance(payload, dict) or _KINDS_KEY not in payload:
+        raise CheckpointError(
+            f"'{path}' is a torch file but not a gradsync checkpoint (no {_KINDS_KEY} entry): write it with "
+            "gradsync.checkpoint.save, or read it with torch.load."
+        )
+    return payload
+
+
+def _unreadable(path: Path, exc: Exception) -> str:
+    size = path.stat().st_size
+    with open(path, "rb") as fh:
+        head = fh.read(4)
+    if head != b"PK\x03\x04":  # torch.save writes a zip archive
+        return f"'{path}' ({size} bytes) is not a checkpoint: it is not a torch.save archive ({exc})."
+    return (
+        f"'{path}' ({size} bytes) looks truncated or damaged: torch cannot read it ({type(exc).__name__}: {exc}). "
+        "gradsync writes checkpoints atomically, so a file cut short was copied or written by something else; "
+        "use an earlier checkpoint."
+    )
 
 
 def restore(checkpoint: Mapping[str, Any], restore_rng: bool = True, **targets: Any) -> dict[str, Any]:
@@ -108,7 +152,9 @@ def restore(checkpoint: Mapping[str, Any], restore_rng: bool = True, **targets: 
     kinds = checkpoint.get(_KINDS_KEY, {})
     for key, target in targets.items():
         if key not in checkpoint:
-            raise KeyError(f"gradsync.checkpoint.restore: the checkpoint has no '{key}' (it has {sorted(kinds)})")
+            raise CheckpointError(
+                f"gradsync.checkpoint.restore: the checkpoint has no '{key}' (it has {sorted(kinds)})"
+            )
         _unwrap(target).load_state_dict(checkpoint[key])
     if restore_rng:
         rngs = checkpoint[_RNG_KEY]

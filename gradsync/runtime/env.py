@@ -14,6 +14,7 @@ import torch
 import torch.distributed as dist
 
 from gradsync import settings
+from gradsync.errors import ConfigError
 
 DEFAULT_TIMEOUT_S = 600.0  # torch's own default for gloo and NCCL; GRADSYNC_TIMEOUT (seconds) overrides
 
@@ -57,6 +58,12 @@ def discover(environ: dict[str, str] | None = None) -> dict[str, str]:
     for this process: taken as they are from torchrun/``gradsync run``, mapped from SLURM under ``srun``, or those
     of a lone process."""
     env = dict(os.environ if environ is None else environ)
+    if ("RANK" in env) != ("WORLD_SIZE" in env):
+        have, missing = ("RANK", "WORLD_SIZE") if "RANK" in env else ("WORLD_SIZE", "RANK")
+        raise ConfigError(
+            f"{have} is set but {missing} is not: a launcher sets both (torchrun, gradsync run). Without "
+            f"{missing} every process would train alone as rank 0; set it, or unset {have} for a single process."
+        )
     if "RANK" in env and "WORLD_SIZE" in env:
         out: dict[str, str] = {k: env[k] for k in ("RANK", "WORLD_SIZE") if k in env}
         out["LOCAL_RANK"] = env.get("LOCAL_RANK", "0")
@@ -80,6 +87,18 @@ def discover(environ: dict[str, str] | None = None) -> dict[str, str]:
     return {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1"}
 
 
+def _int_var(found: dict[str, str], name: str, minimum: int) -> int:
+    try:
+        value = int(found[name])
+    except ValueError:
+        raise ConfigError(
+            f"{name}={found[name]!r} is not an integer (a launcher sets it; check the environment)."
+        ) from None
+    if value < minimum:
+        raise ConfigError(f"{name}={value} must be >= {minimum}.")
+    return value
+
+
 def init(backend: str | None = None, timeout: float | datetime.timedelta | None = None) -> DistInfo:
     """Initialise the default process group from the environment and return where this process stands.
 
@@ -91,14 +110,16 @@ def init(backend: str | None = None, timeout: float | datetime.timedelta | None 
     >>> model = gradsync.DistributedDataParallel(model.to(info.device))  # doctest: +SKIP
     """
     found = discover()
-    rank, world = int(found["RANK"]), int(found["WORLD_SIZE"])
-    local_rank, local_world = int(found["LOCAL_RANK"]), int(found["LOCAL_WORLD_SIZE"])
+    rank, world = _int_var(found, "RANK", 0), _int_var(found, "WORLD_SIZE", 1)
+    local_rank, local_world = _int_var(found, "LOCAL_RANK", 0), _int_var(found, "LOCAL_WORLD_SIZE", 1)
+    if rank >= world:
+        raise ConfigError(f"RANK={rank} is not below WORLD_SIZE={world}: ranks are numbered 0 to WORLD_SIZE-1.")
     if backend is None:
         backend = "nccl" if torch.cuda.is_available() else "gloo"
     device = torch.device("cpu")
     if backend == "nccl":
         if not torch.cuda.is_available():
-            raise RuntimeError("gradsync.init(backend='nccl') needs CUDA, which is not available; use 'gloo'.")
+            raise ConfigError("init(backend='nccl') needs CUDA, which is not available; use 'gloo'.")
         device = torch.device("cuda", local_rank % torch.cuda.device_count())
         torch.cuda.set_device(device)
     if dist.is_initialized():

@@ -14,13 +14,18 @@ from __future__ import annotations
 
 import glob
 import os
+import socket
 import sys
 import tempfile
 from collections.abc import Sequence
+from pathlib import Path
 
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.launcher.api import elastic_launch
 from torch.distributed.run import config_from_args, get_args_parser
+
+from gradsync.errors import ConfigError
+from gradsync.runtime import watchdog
 
 STDERR_TAIL_LINES = 15
 
@@ -28,7 +33,17 @@ STDERR_TAIL_LINES = 15
 def _prepare(argv: Sequence[str]):
     parser = get_args_parser()
     parser.prog = "gradsync run"
+    parser.add_argument(
+        "--watchdog",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="gradsync: stop the job, with every rank's Python stack, if no rank completes a step for SECONDS",
+    )
     args = parser.parse_args(list(argv))
+    if args.watchdog is not None and args.watchdog <= 0:
+        raise ConfigError(f"--watchdog {args.watchdog}: give the seconds without progress to allow, > 0.")
+    _check_nproc(args.nproc_per_node)
     if args.standalone:
         args.rdzv_backend, args.rdzv_endpoint = "c10d", "localhost:0"
     elif args.rdzv_backend == "static":
@@ -43,6 +58,7 @@ def _prepare(argv: Sequence[str]):
         # hostname does not map to the serving interface (containers, namespaces): the node whose --local-addr is
         # the endpoint hosts it.
         args.rdzv_conf = ",".join(c for c in (args.rdzv_conf, "is_host=1") if c)
+    _check_endpoint_port(args.rdzv_endpoint, args.local_addr)
     if args.rdzv_id == "none":
         args.rdzv_id = f"gradsync-{args.rdzv_endpoint}"
     if args.master_port is None:
@@ -54,13 +70,38 @@ def _prepare(argv: Sequence[str]):
     return args
 
 
+def _check_nproc(value: str) -> None:
+    if value.lstrip("-").isdigit() and int(value) < 1:
+        raise ConfigError(f"--nproc-per-node {value}: start at least 1 worker per node (or auto, cpu, gpu).")
+
+
+def _check_endpoint_port(endpoint: str, local_addr: str | None) -> None:
+    """Fail at once, naming the port, if this node must serve the rendezvous and the port is taken (torch elastic
+    would wait on it for minutes: another job on that port, or a leftover process)."""
+    host, _, port = endpoint.rpartition(":")
+    if not port.isdigit() or int(port) == 0 or host not in ("localhost", "127.0.0.1", "0.0.0.0", local_addr or ""):
+        return
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(("", int(port)))
+        except OSError as exc:
+            raise ConfigError(
+                f"port {port} (the rendezvous/master port) cannot be bound on this host: {exc.strerror}. Another "
+                "job may be using it; pick a free one with --master-port or --rdzv-endpoint HOST:PORT."
+            ) from None
+
+
 def _stderr_tail(log_dir: str, local_rank: int) -> list[str]:
     files = glob.glob(os.path.join(log_dir, "**", "attempt_*", str(local_rank), "stderr.log"), recursive=True)
     if not files:
         return []
     latest = max(files, key=lambda f: int(f.split("attempt_")[-1].split(os.sep)[0]))
     with open(latest, errors="replace") as fh:
-        return [line.rstrip("\n") for line in fh.readlines()[-STDERR_TAIL_LINES:]]
+        lines = [line.rstrip("\n") for line in fh.readlines()]
+    # A watchdog dump (faulthandler) is long: show it whole, from its first line.
+    dump = next((k for k, line in enumerate(lines) if line.startswith(("Thread 0x", "Current thread 0x"))), None)
+    return lines[dump:] if dump is not None else lines[-STDERR_TAIL_LINES:]
 
 
 def failure_report(error: ChildFailedError, log_dir: str, max_restarts: int) -> str:
@@ -85,10 +126,34 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _prepare(sys.argv[1:] if argv is None else argv)
     os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
     config, cmd, cmd_args = config_from_args(args)
+    dog = _start_watchdog(args.watchdog, args.log_dir) if args.watchdog else None
     try:
         elastic_launch(config=config, entrypoint=cmd)(*cmd_args)
     except ChildFailedError as error:
         print(failure_report(error, args.log_dir, args.max_restarts), file=sys.stderr, flush=True)
         codes = [f.exitcode for f in error.failures.values() if f.exitcode > 0]
         return codes[0] if codes else 1
+    finally:
+        if dog is not None:
+            dog.stop()
     return 0
+
+
+def _start_watchdog(seconds: float, log_dir: str) -> watchdog.Watchdog:
+    folder = Path(log_dir) / "progress"
+    folder.mkdir(parents=True, exist_ok=True)
+    os.environ[watchdog.FOLDER_VARIABLE] = str(folder)  # the workers inherit it and mark their progress there
+
+    def on_stall(idle: float) -> None:
+        workers = watchdog.child_pids()
+        print(
+            f"gradsync run: no rank completed a step for {idle:.0f}s (--watchdog {seconds:g}); asking the "
+            f"{len(workers)} worker(s) here for their Python stacks, then stopping the job.",
+            file=sys.stderr,
+            flush=True,
+        )
+        watchdog.dump_stacks_and_stop(workers)
+
+    dog = watchdog.Watchdog(folder, seconds, on_stall)
+    dog.start()
+    return dog

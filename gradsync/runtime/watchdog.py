@@ -1,0 +1,101 @@
+"""An opt-in progress watchdog: ``gradsync run --watchdog SECONDS``.
+
+A worker that hangs without a collective (a deadlock in data loading, an infinite loop, a stuck filesystem) keeps
+torchrun and every other rank waiting forever. With the watchdog, each worker marks its progress in a file per
+rank at every synced forward (at most once a second: a step finished); the launcher watches those files, and when
+no rank has made progress for SECONDS it asks every worker for its Python stacks (``faulthandler`` on SIGUSR1,
+into the stderr the launcher already keeps), prints them, and stops the job.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+FOLDER_VARIABLE = "GRADSYNC_WATCHDOG_DIR"
+
+
+# ------------------------------------------------------------------------------------------- worker side
+def progress_reporter(environ: dict[str, str] | None = None) -> Callable[[], None] | None:
+    """In a worker started with ``--watchdog``: a function marking this rank's progress; None otherwise."""
+    env = os.environ if environ is None else environ
+    folder = env.get(FOLDER_VARIABLE)
+    if not folder:
+        return None
+    faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True, chain=False)
+    marker = Path(folder) / f"rank{env.get('RANK', '0')}"
+    last = [0.0]
+
+    def report() -> None:
+        now = time.monotonic()
+        if now - last[0] >= 1.0:
+            last[0] = now
+            marker.touch()
+
+    report()
+    return report
+
+
+# ----------------------------------------------------------------------------------------- launcher side
+class Watchdog(threading.Thread):
+    """Watches ``folder``; after ``seconds`` without progress calls ``on_stall(seconds_since_progress)`` once."""
+
+    def __init__(self, folder: Path, seconds: float, on_stall: Callable[[float], None]) -> None:
+        super().__init__(name="gradsync-watchdog", daemon=True)
+        self.folder = folder
+        self.seconds = seconds
+        self.on_stall = on_stall
+        self.started_at = time.time()
+        self._stop_event = threading.Event()
+
+    def run(self) -> None:
+        while not self._stop_event.wait(min(1.0, self.seconds / 4)):
+            idle = time.time() - self.last_progress()
+            if idle > self.seconds:
+                self.on_stall(idle)
+                return
+
+    def last_progress(self) -> float:
+        marks = [p.stat().st_mtime for p in self.folder.glob("rank*")]
+        return max(marks, default=self.started_at)
+
+    def stop(self) -> None:
+        self._stop_event.set()
+
+
+def child_pids(parent: int | None = None) -> list[int]:
+    """The processes whose parent is ``parent`` (default: this one): the workers torch elastic started."""
+    parent = os.getpid() if parent is None else parent
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == parent:
+            found.append(int(entry.name))
+    return found
+
+
+def dump_stacks_and_stop(pids: list[int], grace: float = 2.0) -> None:
+    """Ask each worker for its Python stacks (faulthandler, into its stderr), then stop them."""
+    for pid in pids:
+        _signal(pid, signal.SIGUSR1)
+    time.sleep(grace)  # the stacks reach the stderr files the launcher tees
+    for pid in pids:
+        _signal(pid, signal.SIGTERM)
+
+
+def _signal(pid: int, sig: signal.Signals) -> None:
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        pass
