@@ -44,30 +44,17 @@ def available() -> str | None:
 
 
 def _shape(namespace: str, dev: str, rate: str | None, delay: str | None) -> None:
-    ns = ["ip", "netns", "exec", namespace]
+    # netem at the root with tbf as its child: tbf is classless, so it cannot be the parent of netem.
+    qdisc = ["ip", "netns", "exec", namespace, "tc", "qdisc", "add", "dev", dev]
+    parent = ["root", "handle", "1:"]
+    if delay:
+        made = _sh(*qdisc, *parent, "netem", "delay", delay, "limit", "100000", check=False)
+        if made.returncode != 0:
+            raise RuntimeError(f"cannot add {delay} of delay: netem is not in this kernel ({made.stderr.strip()})")
+        parent = ["parent", "1:1", "handle", "10:"]
     if rate:
         # burst: a few ms of traffic at this rate, else tbf caps throughput far below `rate`.
-        _sh(
-            *ns,
-            "tc",
-            "qdisc",
-            "add",
-            "dev",
-            dev,
-            "root",
-            "handle",
-            "1:",
-            "tbf",
-            "rate",
-            rate,
-            "burst",
-            "1mbit",
-            "latency",
-            "100ms",
-        )
-    if delay:
-        parent = ["parent", "1:1"] if rate else ["root"]
-        _sh(*ns, "tc", "qdisc", "add", "dev", dev, *parent, "handle", "10:", "netem", "delay", delay)
+        _sh(*qdisc, *parent, "tbf", "rate", rate, "burst", "1mbit", "latency", "100ms")
 
 
 def remove(prefix: str) -> None:

@@ -13,6 +13,7 @@ USAGE = """usage: gradsync <command> [args]
 commands:
   run      start a data-parallel job (torchrun's flags): gradsync run --nproc-per-node 2 train.py
   report   summarise a trace written by a training run: gradsync report trace.json
+  plan     predict step time and scaling for a topology: gradsync plan --trace trace.json --hosts 1 4 32
   bench    side-by-side benchmark against torch's DDP: gradsync bench --help
 """
 
@@ -37,6 +38,10 @@ def _dispatch(argv: list[str]) -> int:
         from gradsync.runtime.launch import main as run_main
 
         return run_main(rest)
+    if command == "plan":
+        from gradsync.planner import main as plan_main
+
+        return plan_main(rest)
     if command == "report":
         from gradsync.observe.report import main as report_main
 

@@ -57,6 +57,7 @@ class Op(enum.Enum):
     CHECKPOINT_RNG = "gather of every rank's RNG state for a checkpoint"
     CHECKPOINT_BARRIER = "barrier after writing a checkpoint"
     MONITOR_GATHER = "gather of every rank's step records"
+    ELASTIC_STATE = "broadcast of rank 0's training state to a new membership round"
 
     @property
     def code(self) -> int:
@@ -144,6 +145,13 @@ class Communicator:
         with self._issuing(op, -1, None):
             dist.all_gather_object(out, obj, group=self.group)
         return out
+
+    def broadcast_object(self, op: Op, obj: Any, src: int = 0) -> Any:
+        """Group rank ``src``'s picklable ``obj``, on every rank."""
+        holder = [obj]
+        with self._issuing(op, -1, None):
+            dist.broadcast_object_list(holder, src=self.global_rank(src), group=self.group)
+        return holder[0]
 
     def barrier(self, op: Op) -> None:
         with self._issuing(op, -1, None):

@@ -98,6 +98,7 @@ class DistributedDataParallel(nn.Module, Joinable):
             skip_all_reduce_unused_params,
         )
         self._process_group = _group_of(process_group, device_mesh)  # None: the default group
+        self.device_mesh = device_mesh
         self.device_ids, self.output_device = _device_indices(device_ids, output_device)
         self.dim = dim
         self.forward_sync_buffers, init_sync_buffers = _buffer_sync(broadcast_buffers, forward_sync_buffers)
@@ -136,6 +137,18 @@ class DistributedDataParallel(nn.Module, Joinable):
             skip_unused=config.skip_unused,
         )
         self._comm_hook_registered = False
+
+    def rebuild_for_new_group(self) -> None:
+        """After the default process group was replaced (gradsync.elastic forms one per membership round): a new
+        reducer and communicator for it, the model checked across the new members, and rank 0's parameters and
+        buffers everywhere. Issues the same collectives as the constructor, so a newly started member that builds
+        its model meets the others doing this. A registered comm hook must be registered again."""
+        if self._process_group is not None:
+            raise ConfigError("rebuild_for_new_group works with the default process group (process_group=None)")
+        self.reducer.close()
+        self._build_runtime()
+        verify_same_model(self._comm, self.module, self._config.ignored)
+        broadcast_initial_state(self._comm, self.module, True, self._config.ignored)
 
     def __getstate__(self) -> dict[str, Any]:
         if self._process_group is not None:

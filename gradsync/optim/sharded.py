@@ -72,9 +72,15 @@ class ShardedOptimizer(Optimizer, Joinable):
             raise ConfigError(
                 f"ShardedOptimizer: all parameters must be on one device, found {sorted(map(str, devices))}"
             )
+        self._defaults = defaults
+        _verify_same_parameters(self._comm, self._all)
+        self._shard()
+        self._consolidated: dict[int, Any] | None = None
+
+    def _shard(self) -> None:
+        """Partition the parameters over the group and build this rank's optimizer for its share."""
         self.world_size = self._comm.size
         self.rank = self._comm.rank
-        _verify_same_parameters(self._comm, self._all)
         self.owner = partition([p.numel() for p in self._all], self.world_size)
         index = {id(p): i for i, p in enumerate(self._all)}
         self._local_to_global = [
@@ -85,8 +91,28 @@ class ShardedOptimizer(Optimizer, Joinable):
             for g in self.param_groups
         ]
         # A rank can own nothing (more ranks than parameters): it then only receives the others' shards.
-        self.local = optimizer_class(local_groups, **defaults) if self._local_to_global else None
-        self._consolidated: dict[int, Any] | None = None
+        self.local = self.optimizer_class(local_groups, **self._defaults) if self._local_to_global else None
+
+    def verify_parameters(self, process_group: dist.ProcessGroup | None = None) -> None:
+        """After the group changed: check the new members list the same parameters (as the constructor does)."""
+        self._comm = Communicator(process_group, check_desync=settings.debug())
+        _verify_same_parameters(self._comm, self._all)
+
+    def reshard(self, process_group: dist.ProcessGroup | None = None) -> list[int]:
+        """After the group changed (gradsync.elastic): gather the members' shards of the state, partition again for
+        the new group, and keep this rank's new share. Returns the indices of parameters whose state no member
+        held (their owner left): their optimizer state starts afresh, as at the first step."""
+        local = self.local.state_dict()["state"] if self.local is not None else {}
+        mine = {self._local_to_global[i]: s for i, s in local.items()}
+        self._comm = Communicator(process_group, check_desync=settings.debug())
+        everyone = self._comm.all_gather_object(Op.STATE_GATHER, mine)
+        full = {k: v for shard in everyone for k, v in shard.items()}
+        self._shard()
+        if self.local is not None:
+            state = {i: full[g] for i, g in enumerate(self._local_to_global) if g in full}
+            groups = [{**_hyper(g), "params": list(range(len(g["params"])))} for g in self.local.param_groups]
+            self.local.load_state_dict({"state": state, "param_groups": _renumber(groups)})
+        return [i for i in range(len(self._all)) if i not in full]
 
     def gather_shards(self) -> None:
         """Every rank sends its updated shard and receives the others' (a joined rank sends its unchanged one)."""
@@ -189,6 +215,14 @@ class _ShardJoinHook(JoinHook):
 
     def main_hook(self) -> None:
         self.optimizer.gather_shards()
+
+
+def _renumber(groups: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    start = 0
+    for g in groups:
+        g["params"] = list(range(start, start + len(g["params"])))
+        start += len(g["params"])
+    return groups
 
 
 def _hyper(group: dict[str, Any]) -> dict[str, Any]:

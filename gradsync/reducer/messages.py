@@ -28,16 +28,19 @@ def no_gradient(rank: int, missing: Sequence[str], mode_hint: str) -> str:
 
 def unused_hint(find_unused_parameters: bool) -> str:
     """What to do about parameters without a gradient, for the flags in use."""
+    # torch's phrases ("passing the keyword argument `find_unused_parameters=True`", "`forward` function outputs
+    # participate in calculating loss") are kept, so that searches for torch's message find this one.
     if find_unused_parameters:
         return (
-            "find_unused_parameters=True is set, but these were reached from the outputs and still got no "
-            "gradient: a forward output that depends on them is not part of the loss on this rank, or backward "
-            "stopped early (torch.autograd.grad with inputs=)."
+            "Since `find_unused_parameters=True` is enabled, these were reached from the outputs and still got no "
+            "gradient: make sure all `forward` function outputs participate in calculating loss on this rank, or "
+            "that backward did not stop early (torch.autograd.grad with inputs=)."
         )
     return (
-        "If the model legitimately skips them (an unused head, a branch taken on some inputs only), pass "
-        "find_unused_parameters=True to DistributedDataParallel; otherwise make sure every forward output that "
-        "depends on them is part of the loss."
+        "If the model legitimately skips them (an unused head, a branch taken on some inputs only), enable unused "
+        "parameter detection by passing the keyword argument `find_unused_parameters=True` to "
+        "DistributedDataParallel; otherwise make sure all `forward` function outputs participate in calculating "
+        "loss."
     )
 
 

@@ -101,6 +101,12 @@ class Reducer:
         (outputs the loss does not use must send undefined gradients) and static_graph's first iteration."""
         return self.mode is GraphMode.FIND_UNUSED or (self.mode is GraphMode.STATIC and self._static_unused is None)
 
+    def close(self) -> None:
+        """Remove every gradient hook: this reducer stops averaging (its model is being given a new one)."""
+        for handle in self._handles:
+            handle.remove()
+        self._on_ready = ready.accumulate_locally
+
     def describe_bucket(self, k: int) -> str:
         return messages.bucket_description(self.layout.buckets[k], len(self.layout), self.names)
 

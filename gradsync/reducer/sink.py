@@ -26,7 +26,9 @@ class OutputSink(torch.autograd.Function):
     def forward(ctx: Any, on_backward: weakref.WeakMethod, *tensors: torch.Tensor) -> Any:  # type: ignore[override]
         ctx.set_materialize_grads(False)  # None gradients stay None instead of becoming zeros
         ctx.on_backward = on_backward
-        return tensors
+        # Clones, as torch's _DDPSink makes by default: an output returned as-is would be a view of its input, and
+        # modifying it in place (a common thing to do with a model's output) would then be an error.
+        return tuple(t.clone() for t in tensors)
 
     @staticmethod
     def backward(ctx: Any, *grads: torch.Tensor | None) -> Any:  # type: ignore[override]

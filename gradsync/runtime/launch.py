@@ -12,6 +12,7 @@ port, and uses the c10d rendezvous in place of the static one, which cannot do t
 
 from __future__ import annotations
 
+import argparse
 import glob
 import os
 import socket
@@ -30,7 +31,8 @@ from gradsync.runtime import watchdog
 STDERR_TAIL_LINES = 15
 
 
-def _prepare(argv: Sequence[str]):
+def _parser() -> argparse.ArgumentParser:
+    """torchrun's parser, plus gradsync's own flags."""
     parser = get_args_parser()
     parser.prog = "gradsync run"
     parser.add_argument(
@@ -40,7 +42,17 @@ def _prepare(argv: Sequence[str]):
         metavar="SECONDS",
         help="gradsync: stop the job, with every rank's Python stack, if no rank completes a step for SECONDS",
     )
-    args = parser.parse_args(list(argv))
+    parser.add_argument(
+        "--elastic",
+        action="store_true",
+        help="gradsync: survivors keep training when a worker fails; only that worker restarts and rejoins "
+        "(the script uses gradsync.elastic)",
+    )
+    return parser
+
+
+def _prepare(argv: Sequence[str]):
+    args = _parser().parse_args(list(argv))
     if args.watchdog is not None and args.watchdog <= 0:
         raise ConfigError(f"--watchdog {args.watchdog}: give the seconds without progress to allow, > 0.")
     _check_nproc(args.nproc_per_node)
@@ -126,6 +138,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _prepare(sys.argv[1:] if argv is None else argv)
     os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
     config, cmd, cmd_args = config_from_args(args)
+    if args.elastic:
+        from gradsync.runtime.elastic_launch import run_elastic
+
+        return run_elastic(args, cmd if isinstance(cmd, str) else sys.executable, list(cmd_args))
     dog = _start_watchdog(args.watchdog, args.log_dir) if args.watchdog else None
     try:
         elastic_launch(config=config, entrypoint=cmd)(*cmd_args)

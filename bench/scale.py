@@ -1,0 +1,180 @@
+"""``python -m bench.scale``: weak scaling of torch's DDP and gradsync's default on N ranks over H hosts, measured
+side by side, and what ``gradsync plan`` predicted for each point.
+
+    python -m bench.scale --model resnet50 --ranks 1,2,4,8,16 --ranks-per-host 2 --link 1gbit --scale 64
+
+Hosts are network namespaces on a bridge (bench/netlab.py), each with its own link shaped to ``--link / --scale``
+each way: parameters are ``--scale`` times smaller too (bench/synthetic.py), so the communication-to-compute ratio
+is the unscaled model's on the unscaled link while gloo's CPU work stays small. Ranks on one host share its link
+and talk to each other locally. Compute is sleeping (bench/synthetic.py), so many ranks fit on two cores; every
+point records the CPU all ranks used per step, and a point whose ranks used more than ``CPU_BUSY`` of the machine
+is flagged: there, waiting for a core may be what was measured.
+
+E(N) = step(1) / step(N). The planner's predictions use the link as measured by a probe at N = 2 (per-hop
+bandwidth and latency), not the nominal rate.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from bench import netlab
+from bench.synthetic import PROFILES_S, SyntheticModel
+from gradsync import planner
+
+ROOT = Path(__file__).resolve().parents[1]
+CORES = os.cpu_count() or 1
+CPU_BUSY = 0.8  # of all cores: above this, ranks may have waited for a core
+
+
+def _rate(link: str, scale: float) -> str:
+    return f"{planner.parse_rate(link) * 8 / scale / 1e6:.3f}mbit"
+
+
+def run_point(args: argparse.Namespace, ranks: int, out: Path) -> dict:
+    """Start ``ranks`` workers on ceil(ranks / ranks_per_host) namespaces; return rank 0's JSON."""
+    hosts = max(1, math.ceil(ranks / args.ranks_per_host))
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("RANK", "WORLD_SIZE", "MASTER_", "LOCAL_"))}
+    base.update({"WORLD_SIZE": str(ranks), "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)})
+    with netlab.lab(hosts=hosts, rate=_rate(args.link, args.scale), delay=args.delay, prefix="gsscale") as lab:
+        procs = []
+        for rank in range(ranks):
+            host = lab[rank // args.ranks_per_host]
+            env = dict(base, RANK=str(rank), LOCAL_RANK=str(rank % args.ranks_per_host), MASTER_ADDR=lab[0].address)
+            env.update(MASTER_PORT="29511", GLOO_SOCKET_IFNAME=host.interface)
+            argv = [sys.executable, "-m", "bench.scale_worker", "--model", args.model, "--scale", str(args.scale)]
+            argv += ["--steps", str(args.steps), "--warmup", str(args.warmup), "--out", str(out)]
+            procs.append(
+                subprocess.Popen(host.command(["env", *[f"{k}={v}" for k, v in env.items()], *argv]), cwd=ROOT)
+            )
+        _wait(procs, args.timeout)
+    return json.loads(out.read_text())
+
+
+def _wait(procs: list[subprocess.Popen], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    try:
+        for p in procs:
+            p.wait(timeout=max(1.0, deadline - time.monotonic()))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    failed = [i for i, p in enumerate(procs) if p.returncode != 0]
+    if failed:
+        raise SystemExit(f"bench.scale: rank(s) {failed} failed")
+
+
+def calibrate(args: argparse.Namespace) -> planner.Topology:
+    """Per-hop bandwidth and latency as gloo sees them: a probe between two hosts (as the tuner's)."""
+    from bench.scale_probe import probe_two_hosts
+
+    latency_s, bytes_per_s = probe_two_hosts(_rate(args.link, args.scale), args.delay)
+    # A ring of 2: cost = 2 (S / (2 B) + a) = S / B + 2 a.
+    return planner.Topology(1, args.ranks_per_host, bytes_per_s, latency_s / 2, local_bandwidth=2e9, local_latency=1e-4)
+
+
+def predict(args: argparse.Namespace, link: planner.Topology, ranks: int) -> float:
+    model = SyntheticModel(args.model, scale=args.scale, layers=args.layers, time_scale=args.time_scale)
+    layers = []
+    start = 0
+    for layer in model.layers:
+        nbytes = sum(model.params[i].numel() * 4 for i in range(start, start + len(layer.names)))
+        layers.append((nbytes, layer.forward_s, layer.backward_s))
+        start += len(layer.names)
+    timeline = planner.timeline_from_profile(layers)
+    hosts = max(1, math.ceil(ranks / args.ranks_per_host))
+    per_host = min(ranks, args.ranks_per_host)
+    topology = planner.Topology(hosts, per_host, link.bandwidth, link.latency, link.local_bandwidth, link.local_latency)
+    return planner.predict_step(timeline, topology, 25.0)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.scale", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="resnet50", choices=sorted(PROFILES_S))
+    parser.add_argument("--ranks", default="1,2,4,8,16")
+    parser.add_argument("--ranks-per-host", type=int, default=2)
+    parser.add_argument("--link", default="1gbit", help="per-host link before scaling")
+    parser.add_argument("--delay", default=None, help="netem delay per hop, e.g. 1ms")
+    parser.add_argument("--scale", type=float, default=64.0)
+    parser.add_argument("--layers", type=int, default=24)
+    parser.add_argument("--time-scale", type=float, default=1.0)
+    parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument("--warmup", type=int, default=14)
+    parser.add_argument("--timeout", type=float, default=900)
+    parser.add_argument("--out", default="bench/results/scale")
+    args = parser.parse_args(argv)
+    reason = netlab.available()
+    if reason:
+        raise SystemExit(f"bench.scale needs network namespaces: {reason}")
+    folder = Path(args.out)
+    folder.mkdir(parents=True, exist_ok=True)
+    link = calibrate(args)
+    points = []
+    for ranks in [int(n) for n in args.ranks.split(",")]:
+        result = run_point(args, ranks, folder / f"{args.model}-{args.link}-n{ranks}.json")
+        result["predicted_ms"] = predict(args, link, ranks) * 1e3
+        result["cpu_busy"] = max(
+            v["cpu_s_per_step"] / (v["median_ms"] / 1e3) / CORES for v in result["variants"].values()
+        )
+        points.append(result)
+        print(json.dumps({k: v for k, v in result.items() if k != "variants"} | _medians(result)), flush=True)
+    summary = _summarise(args, link, points)
+    name = folder / f"{args.model}-{args.link}-summary.json"
+    name.write_text(json.dumps(summary, indent=1))
+    print(markdown(summary))
+    from bench.scale_plot import plot
+
+    print(f"wrote {name} and {plot(summary, name.with_suffix('.png'))}")
+    return 0
+
+
+def _medians(result: dict) -> dict:
+    return {name: round(v["median_ms"], 1) for name, v in result["variants"].items()}
+
+
+def _summarise(args: argparse.Namespace, link: planner.Topology, points: list[dict]) -> dict:
+    base = {name: points[0]["variants"][name]["median_ms"] for name in points[0]["variants"]}
+    rows = []
+    for p in points:
+        row = {"ranks": p["ranks"], "predicted_ms": p["predicted_ms"], "cpu_busy": p["cpu_busy"]}
+        for name, v in p["variants"].items():
+            row[f"{name}_ms"] = v["median_ms"]
+            row[f"{name}_efficiency"] = base[name] / v["median_ms"]
+            row[f"{name}_averages_ok"] = v["averages_ok"]
+        rows.append(row)
+    return {
+        "model": args.model,
+        "link": args.link,
+        "scale": args.scale,
+        "ranks_per_host": args.ranks_per_host,
+        "probe": {"bandwidth": link.bandwidth, "latency": link.latency},
+        "rows": rows,
+    }
+
+
+def markdown(summary: dict) -> str:
+    lines = [
+        "| N | torch ms | gradsync ms | E torch | E gradsync | predicted ms | predicted / gradsync | CPU busy |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in summary["rows"]:
+        flag = " (saturated)" if r["cpu_busy"] > CPU_BUSY else ""
+        lines.append(
+            f"| {r['ranks']} | {r['torch_ms']:.0f} | {r['gradsync_ms']:.0f} | {r['torch_efficiency']:.3f} | "
+            f"{r['gradsync_efficiency']:.3f} | {r['predicted_ms']:.0f} | {r['predicted_ms'] / r['gradsync_ms']:.3f} | "
+            f"{r['cpu_busy']:.0%}{flag} |"
+        )
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,100 @@
+"""One rank of the scaling lab (bench/scale.py): torch's DDP and gradsync's default, each on its own synthetic
+model, one step of each in turn; rank 0 writes the per-step times, every rank's CPU use, and the averages check.
+
+Started with RANK/WORLD_SIZE/MASTER_* set, inside a netlab namespace (several ranks per namespace share its link).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+
+import torch
+import torch.distributed as dist
+
+import gradsync
+from bench.synthetic import SyntheticModel
+
+
+def _variants(args: argparse.Namespace, rank: int) -> dict:
+    out = {}
+    for name in args.variants.split(","):
+        torch.manual_seed(0)
+        model = SyntheticModel(args.model, scale=args.scale, layers=args.layers, time_scale=args.time_scale)
+        model.value = float(rank + 1)  # the average of 1..N is known: (N + 1) / 2
+        if name == "torch":
+            out[name] = torch.nn.parallel.DistributedDataParallel(model)
+        else:
+            out[name] = gradsync.DistributedDataParallel(model)
+    return out
+
+
+def _step(ddp: torch.nn.Module, x: torch.Tensor) -> tuple[float, float]:
+    """Wall and CPU seconds of one step (forward, backward with its averaging)."""
+    wall, cpu = time.perf_counter(), time.process_time()
+    ddp(x).backward()
+    return time.perf_counter() - wall, time.process_time() - cpu
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    for name, kind, default in (
+        ("--model", str, "resnet50"),
+        ("--scale", float, 64.0),
+        ("--layers", int, 24),
+        ("--time-scale", float, 1.0),
+        ("--steps", int, 12),
+        ("--warmup", int, 14),
+        ("--variants", str, "torch,gradsync"),
+        ("--out", str, ""),
+    ):
+        parser.add_argument(name, type=kind, default=default)
+    args = parser.parse_args()
+    info = gradsync.init(timeout=300)
+    torch.set_num_threads(1)
+    variants = _variants(args, info.rank)
+    times: dict[str, list[tuple[float, float]]] = {name: [] for name in variants}
+    x = torch.ones(1, requires_grad=True)
+    for i in range(args.warmup + args.steps):
+        names = list(variants)[i % len(variants) :] + list(variants)[: i % len(variants)]
+        for name in names:
+            dist.barrier()
+            t = _step(variants[name], x)
+            if i >= args.warmup:
+                times[name].append(t)
+    expected = (info.world_size + 1) / 2
+    ok = {
+        n: all(torch.allclose(p.grad, torch.full_like(p.grad, expected)) for p in d.module.params)
+        for n, d in variants.items()
+    }
+    everyone = [None] * info.world_size
+    dist.all_gather_object(everyone, {"times": times, "averages_ok": ok, "host": os.uname().nodename})
+    if info.rank == 0:
+        with open(args.out, "w") as fh:
+            json.dump(_summary(args, everyone, variants), fh, indent=1)
+    gradsync.shutdown()
+
+
+def _summary(args: argparse.Namespace, everyone: list, variants: dict) -> dict:
+    result = {"model": args.model, "ranks": len(everyone), "scale": args.scale, "variants": {}}
+    for name, ddp in variants.items():
+        # A step is as slow as its slowest rank.
+        steps = [max(r["times"][name][k][0] for r in everyone) for k in range(args.steps)]
+        cpu = [sum(r["times"][name][k][1] for r in everyone) for k in range(args.steps)]
+        tuning = getattr(getattr(ddp, "reducer", None), "tuning", None)
+        result["variants"][name] = {
+            "median_ms": statistics.median(steps) * 1e3,
+            "steps_ms": [s * 1e3 for s in steps],
+            "cpu_s_per_step": statistics.median(cpu),  # all ranks together
+            "averages_ok": all(r["averages_ok"][name] for r in everyone),
+            "tuning": tuning.describe() if tuning is not None else None,
+        }
+    result["grad_bytes"] = next(iter(variants.values())).module.grad_bytes
+    return result
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,64 @@
+"""Elastic training: survive a lost worker or host without restarting the job (``gradsync run --elastic``).
+
+Survivors detect the failure (a failed collective, or a member whose heartbeat stopped), agree on the new members
+through the job's store, form a new process group in-process, drop the half-done step, re-split the epoch's remaining
+samples, and carry on. A restarted worker rejoins at a step boundary and receives the state from a survivor.
+
+Example::
+
+    job = gradsync.elastic.init(timeout=10)               # joins the job; the default process group is formed
+    ddp = gradsync.DistributedDataParallel(model)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    loader = gradsync.elastic.ElasticLoader(dataset, batch_size=32)
+
+    @gradsync.elastic.run
+    def train(state):
+        for epoch in range(state.epoch, 10):
+            state.loader.set_epoch(epoch)
+            for x, y in state.loader:
+                state.optimizer.zero_grad()
+                loss_fn(state.model(x), y).backward()
+                state.step()                                 # in place of optimizer.step()
+            state.epoch = epoch + 1
+
+    train(gradsync.elastic.State(job, model=ddp, optimizer=opt, loader=loader, epoch=0))
+
+The store lives in the launcher of the node serving the rendezvous; if that node is lost, the job cannot coordinate
+and ends (restart it from a checkpoint, e.g. ``gradsync run --max-restarts``). See README, "Surviving failures".
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+from gradsync.elastic.loader import ElasticLoader
+from gradsync.elastic.membership import JobFinished, Membership, MembershipChanged
+from gradsync.elastic.state import MAX_FUTILE_RECOVERIES, REJOIN_VARIABLE, Recovery, State, run
+from gradsync.errors import GradsyncError
+
+__all__ = ["ElasticLoader", "Membership", "MembershipChanged", "Recovery", "State", "init", "run"]
+
+
+def init(timeout: float = 10.0) -> Membership:
+    """Join the elastic job started by ``gradsync run --elastic``: form the first round with the other workers, or,
+    for a worker (re)started into a running job, wait to be admitted at the next step boundary. Afterwards the
+    default process group is this round's. ``timeout``: seconds without a heartbeat (or in a collective) after which
+    a member counts as lost."""
+    job = Membership.connect(timeout)
+    if os.environ.get(REJOIN_VARIABLE) == "1" or job.job_running():
+        job.request_to_join()
+        try:
+            round_ = job.next_round()
+        except JobFinished as done:
+            done.leave(job)
+    else:
+        round_ = job.first_round(int(os.environ.get("WORLD_SIZE", "1")))
+    for _ in range(MAX_FUTILE_RECOVERIES):
+        try:
+            job.form_group(round_)
+            return job
+        except MembershipChanged as exc:  # a member was lost while the group formed: the next round, without it
+            logging.getLogger("gradsync").warning("gradsync elastic: %s; trying the next round", exc)
+            round_ = job.next_round()
+    raise GradsyncError(f"could not form a process group in {MAX_FUTILE_RECOVERIES} rounds")

@@ -1,0 +1,96 @@
+"""A loader for elastic training: every sample of an epoch is used exactly once, whatever the membership does.
+
+One shuffled order per epoch is shared by all ranks. A step takes the next ``world_size x batch_size`` samples of
+it, rank r the r-th ``batch_size`` of those; the position advances only when the step is committed
+(:meth:`gradsync.elastic.State.step`). After a failure the uncommitted step's samples are handed out again, split
+among the new members, so none is lost or used twice.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sized
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.utils.data import default_collate
+
+from gradsync.errors import ConfigError
+
+
+class ElasticLoader:
+    """Batches of ``dataset`` for this rank, from the epoch's committed position on.
+
+    Example::
+
+        loader = ElasticLoader(dataset, batch_size=32, seed=0)
+        for x, y in loader:            # after a membership change, iteration resumes where the group was
+            ...
+            state.step()               # commits this step's samples
+    """
+
+    def __init__(
+        self,
+        dataset: Sized,
+        batch_size: int,
+        seed: int = 0,
+        shuffle: bool = True,
+        collate_fn: Callable[[list[Any]], Any] = default_collate,
+    ) -> None:
+        if not isinstance(batch_size, int) or batch_size < 1:
+            raise ConfigError(f"ElasticLoader: batch_size must be an int >= 1, got {batch_size!r}")
+        self.dataset = dataset
+        self.batch_size = batch_size
+        self.seed = seed
+        self.shuffle = shuffle
+        self.collate_fn = collate_fn
+        self.epoch = 0
+        self.position = 0  # samples of this epoch consumed by committed steps (all ranks together)
+        self.last_indices: list[int] = []  # what this rank's last batch held
+        self._step_size = 0  # samples the step in progress takes (all ranks), committed by commit()
+
+    def order(self) -> list[int]:
+        n = len(self.dataset)
+        if not self.shuffle:
+            return list(range(n))
+        return torch.randperm(n, generator=torch.Generator().manual_seed(self.seed + self.epoch)).tolist()
+
+    def share(self, position: int, world_size: int, rank: int) -> tuple[list[int], int]:
+        """This rank's indices for the step starting at ``position``, and how many samples the step takes."""
+        order = self.order()
+        remaining = len(order) - position
+        step = min(world_size * self.batch_size, remaining)
+        base, extra = divmod(step, world_size)  # the last step of an epoch: as even as possible
+        start = position + rank * base + min(rank, extra)
+        size = base + (1 if rank < extra else 0)
+        return order[start : start + size], step
+
+    def __iter__(self) -> Iterator[Any]:
+        world, rank = (dist.get_world_size(), dist.get_rank()) if dist.is_initialized() else (1, 0)
+        cursor = self.position
+        while cursor < len(self.dataset):
+            indices, step = self.share(cursor, world, rank)
+            self.last_indices, self._step_size = indices, step
+            yield self.collate_fn([self.dataset[i] for i in indices])  # type: ignore[index]
+            cursor += step  # after a failure, iteration starts again from the committed position
+
+    def commit(self) -> None:
+        """The step in progress is done everywhere: its samples are consumed."""
+        self.position += self._step_size
+        self._step_size = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        if epoch != self.epoch:
+            self.epoch, self.position = epoch, 0
+
+    def __len__(self) -> int:
+        world = dist.get_world_size() if dist.is_initialized() else 1
+        return -(-(len(self.dataset) - self.position) // (world * self.batch_size))
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"epoch": self.epoch, "position": self.position, "seed": self.seed, "dataset_len": len(self.dataset)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state.get("dataset_len") != len(self.dataset) or state.get("seed") != self.seed:
+            raise ConfigError("ElasticLoader.load_state_dict: the state is for another dataset or seed")
+        self.epoch, self.position = int(state["epoch"]), int(state["position"])

@@ -1,0 +1,208 @@
+"""Elastic training state and the loop that survives a lost member: ``State`` and ``run``.
+
+Prior art: Horovod Elastic's ``State.commit()``/``run`` and torchft's per-step quorum. The protocol:
+
+- a step is committed at :meth:`State.step`, which replaces ``optimizer.step()``: the members first agree, through
+  the job's store, that every one of them finished this step's backward; only then does each step its
+  optimizer. A member that died before agreeing means nobody steps, so parameters and optimizer state stay those of
+  the last committed step, identical on every survivor, with no copy kept;
+- when a collective fails (a dead peer, or a stopped one past the process group's timeout) or the agreement finds a
+  member without a heartbeat, :func:`run` forms a new round among the live workers (and any waiting to join), a
+  fresh process group, rebuilds the model's reducer for it, sends rank 0's state to every member (a rejoining
+  worker receives the parameters, optimizer state, data position and counters this way), and calls the training
+  function again, which resumes from the committed position.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import torch
+import torch.distributed as dist
+
+from gradsync.collectives.communicator import Communicator, Op
+from gradsync.elastic.loader import ElasticLoader
+from gradsync.elastic.membership import JobFinished, Membership, MembershipChanged
+from gradsync.errors import CollectiveError, ConfigError, GradsyncError
+from gradsync.runtime.checkpoint import rng_state, set_rng_state
+
+log = logging.getLogger("gradsync")
+T = TypeVar("T")
+REJOIN_VARIABLE = "GRADSYNC_ELASTIC_REJOIN"  # set by the launcher on a restarted worker
+MAX_FUTILE_RECOVERIES = 5  # recoveries in a row without a committed step: give up
+
+
+@dataclass(frozen=True)
+class Recovery:
+    """One membership change: when, why, and what it cost (recorded in ``State.recoveries``)."""
+
+    step: int
+    reason: str
+    world_before: int
+    world_after: int
+    seconds: float
+
+
+class State:
+    """What must survive a membership change: the DDP model, its optimizer, the data position and your counters.
+
+    ``State(job, model=ddp, optimizer=opt, loader=loader, epoch=0)``, with ``job`` from :func:`gradsync.elastic.init`;
+    counters are attributes (``state.epoch``).
+    """
+
+    def __init__(
+        self, job: Membership, model: Any, optimizer: torch.optim.Optimizer, loader: ElasticLoader, **counters: Any
+    ) -> None:
+        from gradsync.optim.overlapped import OverlappedOptimizer
+
+        if isinstance(optimizer, OverlappedOptimizer):
+            raise ConfigError(
+                "elastic training cannot use OverlappedOptimizer: it steps each bucket during backward, before the "
+                "members can agree that the step is complete. Use a plain optimizer."
+            )
+        self.job, self.model, self.optimizer, self.loader = job, model, optimizer, loader
+        self.counters = dict(counters)
+        self.steps = 0  # committed steps
+        self.recoveries: list[Recovery] = []
+        self._futile, self._recovered_at = 0, -1
+        self._sharded = hasattr(optimizer, "reshard")  # ShardedOptimizer: its state is re-partitioned
+
+    def __getattr__(self, name: str) -> Any:
+        counters = self.__dict__.get("counters", {})
+        if name in counters:
+            return counters[name]
+        raise AttributeError(name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in self.__dict__.get("counters", {}):
+            self.counters[name] = value
+        else:
+            super().__setattr__(name, value)
+
+    # ----------------------------------------------------------------------------------------- the step
+    def step(self) -> None:
+        """Commit this step: agree with every member that its backward finished, then step the optimizer and
+        consume the step's samples. Use it in place of ``optimizer.step()``."""
+        decision = self.job.agree(f"step{self.steps}")
+        self.optimizer.step()
+        self.steps += 1
+        self.loader.commit()
+        if decision == "admit":  # a worker waits to join: form the next round at this step boundary
+            raise MembershipChanged("admitting a worker that asked to join")
+
+    def count_recovery(self, failure: BaseException) -> None:
+        """Give up after MAX_FUTILE_RECOVERIES membership changes in a row without a committed step."""
+        self._futile = self._futile + 1 if self.steps == self._recovered_at else 1
+        self._recovered_at = self.steps
+        if self._futile > MAX_FUTILE_RECOVERIES:
+            raise GradsyncError(f"{self._futile} membership changes without a committed step: giving up") from failure
+
+    # ------------------------------------------------------------------------------------- membership
+    def start(self) -> None:
+        """A worker admitted into a running job receives the members' state here (they send it in recover)."""
+        if self.job.joined_late:
+            self._sync()
+
+    def recover(self, reason: BaseException) -> None:
+        """Form the next round with the live workers (and any waiting to join), then carry on from there."""
+        assert self.job.round is not None
+        start, before = time.monotonic(), self.job.round.world_size
+        round_ = self.job.next_round()
+        self.job.form_group(round_)
+        # The same collectives, in the same order, as a newly started worker's constructors, then the state.
+        self.model.rebuild_for_new_group()
+        if self._sharded:
+            self.optimizer.verify_parameters()  # type: ignore[attr-defined]
+        self._sync()
+        seconds = time.monotonic() - start
+        why = str(reason).splitlines()[0][:200]
+        self.recoveries.append(Recovery(self.steps, why, before, round_.world_size, seconds))
+        log.warning(
+            "gradsync elastic: %d -> %d workers at step %d in %.2fs (%s)",
+            before,
+            round_.world_size,
+            self.steps,
+            seconds,
+            why,
+        )
+
+    def _sync(self) -> None:
+        """Rank 0's state everywhere: optimizer, data position, counters, RNG (a joiner's only source)."""
+        mine = {
+            "optimizer": None if self._sharded else self.optimizer.state_dict(),
+            "loader": self.loader.state_dict(),
+            "steps": self.steps,
+            "counters": self.counters,
+            "rng": rng_state(),
+        }
+        state = Communicator().broadcast_object(Op.ELASTIC_STATE, mine)
+        if self._sharded:
+            self.optimizer.reshard()  # type: ignore[attr-defined]
+        elif dist.get_rank() != 0:
+            self.optimizer.load_state_dict(state["optimizer"])
+        self.loader.load_state_dict(state["loader"])
+        self.steps, self.counters = state["steps"], dict(state["counters"])
+        set_rng_state(state["rng"])
+        for p in self.model.parameters():
+            p.grad = None  # the half-done step's gradients are dropped
+
+
+RECOVERABLE: tuple[type[BaseException], ...] = (MembershipChanged, CollectiveError)
+
+
+def run(train: Callable[..., T]) -> Callable[..., T]:
+    """Decorate the training function ``train(state, ...)``: it runs until it returns, and is called again from
+    the committed position after every membership change.
+
+    Example::
+
+        @gradsync.elastic.run
+        def train(state):
+            for epoch in range(state.epoch, epochs):
+                state.loader.set_epoch(epoch)
+                for x, y in state.loader:
+                    state.optimizer.zero_grad()
+                    loss_fn(state.model(x), y).backward()
+                    state.step()
+                state.epoch = epoch + 1
+
+        train(gradsync.elastic.State(model=ddp, optimizer=opt, loader=loader, epoch=0))
+    """
+
+    @functools.wraps(train)
+    def wrapper(state: State, *args: Any, **kwargs: Any) -> T:
+        failure: BaseException | None = None
+        try:
+            state.start()
+        except RECOVERABLE as exc:
+            failure = exc
+        while True:
+            if failure is not None:
+                _recover(state, failure)
+            try:
+                result = train(state, *args, **kwargs)
+                state.job.finished()
+                return result
+            except RECOVERABLE as exc:
+                failure = exc
+
+    return wrapper
+
+
+def _recover(state: State, failure: BaseException) -> None:
+    """Form a new round; again if another member is lost during the recovery itself."""
+    while True:
+        state.count_recovery(failure)
+        try:
+            state.recover(failure)
+            return
+        except RECOVERABLE as exc:
+            log.warning("gradsync elastic: recovery at step %d failed (%s); trying again", state.steps, exc)
+            failure = exc
+        except JobFinished as done:  # left out, and the others finished before it could join again
+            done.leave(state.job)

@@ -1,0 +1,176 @@
+"""``gradsync run --elastic``: survivors keep running; only a failed worker is restarted, and it rejoins.
+
+torch elastic's agent restarts the whole worker group on any failure. In elastic mode gradsync still supervises with
+torch elastic's process contexts (``torch.distributed.elastic.multiprocessing.start_processes``), one per worker,
+so that each can be restarted alone: a restarted worker gets ``GRADSYNC_ELASTIC_REJOIN=1`` and is admitted by the
+others at their next step boundary (gradsync/elastic).
+
+The node whose ``--local-addr`` is the rendezvous endpoint's host (or the only node) hosts the job's store, in this
+launcher process: the workers coordinate through it, so it outlives any of them. If that node is lost, the job
+cannot coordinate and ends; restart it from a checkpoint.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import socket
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch.distributed as dist
+from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std, start_processes
+
+from gradsync.elastic.membership import STORE_VARIABLE, WORKER_VARIABLE, job_done, report_exit
+from gradsync.elastic.state import REJOIN_VARIABLE
+
+
+@dataclass
+class Worker:
+    """One supervised worker process, restarted alone when it fails."""
+
+    local_rank: int
+    node: str
+    context: Any = None
+    restarts: int = 0
+    exit_codes: list[int] = field(default_factory=list)
+    done: bool = False
+
+    @property
+    def name(self) -> str:
+        return f"{self.node}/{self.local_rank}/{self.restarts}"
+
+
+def _min_nodes(nnodes: str) -> int:
+    return int(nnodes.split(":")[0])
+
+
+def _store(args: Any) -> tuple[str, int, dist.TCPStore | None]:
+    """(host, port, the store if this node hosts it)."""
+    host, _, port = args.rdzv_endpoint.rpartition(":")
+    hosting = args.nnodes in ("1", "1:1") or host in ("localhost", "127.0.0.1", args.local_addr or "")
+    if hosting:
+        store = dist.TCPStore(
+            host, int(port), is_master=True, wait_for_workers=False, timeout=datetime.timedelta(seconds=600)
+        )
+        return host, store.port, store
+    return host, int(port), None
+
+
+def _start(worker: Worker, cmd: str, cmd_args: tuple, env: dict[str, str], log_dir: str) -> None:
+    env = dict(env, LOCAL_RANK=str(worker.local_rank), GRADSYNC_ELASTIC_INCARNATION=str(worker.restarts))
+    env[WORKER_VARIABLE] = worker.name
+    if worker.restarts:
+        env[REJOIN_VARIABLE] = "1"
+    logs = DefaultLogsSpecs(log_dir=os.path.join(log_dir, f"worker{worker.local_rank}-{worker.restarts}"), tee=Std.ALL)
+    worker.context = start_processes(
+        name=f"worker{worker.local_rank}",
+        entrypoint=cmd,
+        args={0: cmd_args},
+        envs={0: env},
+        logs_specs=logs,
+    )
+
+
+def run_elastic(args: Any, cmd: str, cmd_args: list[str]) -> int:
+    """Start ``--nproc-per-node`` workers here, restart any that fails (up to ``--max-restarts`` each), and return
+    once all have finished: 0 if every one ended well."""
+    host, port, store = _store(args)
+    nproc = int(args.nproc_per_node)
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("RANK", "WORLD_SIZE", "MASTER_", "LOCAL_"))}
+    base.update(
+        {
+            STORE_VARIABLE: f"{host}:{port}",
+            "WORLD_SIZE": str(_min_nodes(args.nnodes) * nproc),
+            "LOCAL_WORLD_SIZE": str(nproc),
+        }
+    )
+    node = f"{args.local_addr or socket.gethostname()}:{os.getpid()}"
+    workers = [Worker(r, node) for r in range(nproc)]
+    # A short timeout: this launcher must keep restarting its workers while the store's host is unreachable.
+    client = store or dist.TCPStore(host, port, is_master=False, timeout=datetime.timedelta(seconds=5))
+    for w in workers:
+        _start(w, cmd, tuple(cmd_args), base, args.log_dir)
+    job = Job(client)
+    while not all(w.done for w in workers):
+        time.sleep(0.2)
+        job.look()
+        for w in workers:
+            if not w.done:
+                _poll(w, cmd, tuple(cmd_args), base, args, job)
+    if store is not None:
+        _wait_for_everyone(store)  # the other hosts' workers may still read their last keys
+    job.look(again=True)
+    # Once the members finished, a worker that failed meanwhile (cut off, then too late to rejoin) costs nothing.
+    failed = [] if job.done else [w for w in workers if w.exit_codes and w.exit_codes[-1] != 0]
+    for w in failed:
+        print(
+            f"gradsync run --elastic: local worker {w.local_rank} failed for good after {w.restarts} restart(s) "
+            f"(exit codes {w.exit_codes}); logs in {args.log_dir}",
+            file=sys.stderr,
+        )
+    return 1 if failed else 0
+
+
+def _wait_for_everyone(store: dist.TCPStore, seconds: float = 60.0) -> None:
+    """Keep the job's store up until every member of the last round reported its training finished."""
+    prefix = "gradsync/elastic/"
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if store.check([prefix + "current_round"]):
+            members = json.loads(store.get(f"{prefix}round{int(store.get(prefix + 'current_round'))}/members"))
+            if int(store.add(prefix + "finished", 0)) >= len(members):
+                time.sleep(3.0)  # the other launchers look once a second: let them see the end
+                return
+        time.sleep(0.2)
+
+
+class Job:
+    """What this launcher knows of the job through its store: whether the members finished (then a worker that
+    exits is not restarted), looked up about once a second and remembered (the store closes after the end)."""
+
+    def __init__(self, store: dist.Store) -> None:
+        self.store = store
+        self.done = False
+        self._looked = 0.0
+
+    def look(self, again: bool = False) -> None:
+        if self.done or (time.monotonic() - self._looked < 1.0 and not again):
+            return
+        self._looked = time.monotonic()
+        try:
+            self.done = job_done(self.store)
+        except Exception:  # unreachable for now (a link down): ask again later
+            pass
+
+    def report_exit(self, worker: Worker) -> None:
+        try:
+            report_exit(self.store, worker.name)
+        except Exception:  # the members find out by the missing heartbeat instead
+            pass
+        self.look(again=True)
+
+
+def _poll(worker: Worker, cmd: str, cmd_args: tuple, env: dict[str, str], args: Any, job: Job) -> None:
+    result = worker.context.wait(timeout=0, period=0.05)
+    if result is None:
+        return
+    code = 0 if not result.is_failed() else next(iter(result.failures.values())).exitcode
+    worker.exit_codes.append(code)
+    if code != 0:
+        job.report_exit(worker)
+    worker.context.close()
+    if code == 0 or job.done or worker.restarts >= args.max_restarts:
+        worker.done = True
+        return
+    worker.restarts += 1
+    print(
+        f"gradsync run --elastic: local worker {worker.local_rank} exited with {code}; restarting it "
+        f"({worker.restarts}/{args.max_restarts}); the others keep training",
+        file=sys.stderr,
+        flush=True,
+    )
+    _start(worker, cmd, cmd_args, env, args.log_dir)

@@ -1,0 +1,66 @@
+"""An elastic job (``gradsync run --elastic``): a small regression over 480 samples, EPOCHS (3) epochs, batch 4 per
+rank.
+
+Writes into argv[1]: ``<pid>.events`` (one JSON line per committed step: the samples this rank consumed, the time,
+its rank and world size), ``<pid>.final`` (the final parameters' checksum, loss and recoveries). A worker started
+with STEP_SLEEP slows each step (so the test has time to kill things mid-epoch).
+"""
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+from torch import nn
+from torch.utils.data import TensorDataset
+
+import gradsync
+from gradsync import elastic
+
+out = Path(sys.argv[1])
+pid = os.getpid()
+(out / f"{pid}.pid").write_text(os.environ.get("GRADSYNC_HOST", "?"))
+torch.set_num_threads(1)
+g = torch.Generator().manual_seed(0)
+x = torch.randn(480, 8, generator=g)
+data = TensorDataset(x, x @ torch.randn(8, 1, generator=g) + 0.1 * torch.randn(480, 1, generator=g))
+
+job = elastic.init(timeout=float(os.environ.get("ELASTIC_TIMEOUT", "5")))
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1))
+ddp = gradsync.DistributedDataParallel(model, bucket_cap_mb=25)
+opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
+loader = elastic.ElasticLoader(data, batch_size=4, seed=1)
+events = open(out / f"{pid}.events", "a")
+
+
+@elastic.run
+def train(state):
+    for epoch in range(state.epoch, int(os.environ.get("EPOCHS", "3"))):
+        state.loader.set_epoch(epoch)
+        for xb, yb in state.loader:
+            state.optimizer.zero_grad()
+            nn.functional.mse_loss(state.model(xb), yb).backward()
+            time.sleep(float(os.environ.get("STEP_SLEEP", "0")))
+            indices, before = list(state.loader.last_indices), state.steps
+            rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
+            try:
+                state.step()
+            finally:  # a step can be committed and then raise (to admit a joiner): it still counts
+                if state.steps > before:
+                    record = {"epoch": epoch, "indices": indices, "t": time.time(), "step": state.steps}
+                    events.write(json.dumps(record | {"rank": rank, "world": world}) + "\n")
+                    events.flush()
+        state.epoch = epoch + 1
+
+
+state = elastic.State(job, model=ddp, optimizer=opt, loader=loader, epoch=0)
+train(state)
+with torch.no_grad():
+    loss = nn.functional.mse_loss(model(data.tensors[0]), data.tensors[1]).item()
+checksum = sum(float(p.detach().double().sum()) * (i + 1) for i, p in enumerate(model.parameters()))
+final = {"checksum": checksum, "loss": loss, "recoveries": [r.__dict__ for r in state.recoveries], "steps": state.steps}
+(out / f"{pid}.final").write_text(json.dumps(final))
+job.stop()
