@@ -1,0 +1,188 @@
+"""The elastic lab: a job started with ``gradsync run --elastic`` on 3 hosts (network namespaces) x 1 rank, running
+tests/scripts/elastic_train.py, and faults injected into it (SIGKILL, SIGSTOP, a link taken down). Used by
+tests/test_elastic.py, and measured by ``python -m bench.elastic_lab``:
+
+    python -m bench.elastic_lab --runs 3
+
+which reports, per SIGKILL of one worker: how long the survivors paused (the kill to their next committed step,
+against their usual step), how long until the restarted worker committed a step again (rejoined over the network),
+and how long a fresh job takes from launch to its first step, the least a restart-from-checkpoint pays on top of
+the work lost since the checkpoint.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+
+from bench import netlab
+
+ROOT = Path(__file__).resolve().parents[1]
+SAMPLES, EPOCHS, HOSTS = 480, 3, 3
+
+
+def launch(lab: list, out: Path, env_extra: dict[str, str]) -> list[subprocess.Popen]:
+    procs = []
+    for host in lab:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("RANK", "WORLD_SIZE", "MASTER_", "LOCAL_"))}
+        env.update(GLOO_SOCKET_IFNAME=host.interface, GRADSYNC_HOST=f"h{host.index}", PYTHONPATH=str(ROOT))
+        env.update(OMP_NUM_THREADS="1", **env_extra)
+        argv = [sys.executable, "-m", "gradsync", "run", "--elastic", "--nnodes", str(HOSTS), "--nproc-per-node", "1"]
+        argv += ["--max-restarts", "8", "--rdzv-endpoint", f"{lab[0].address}:29650", "--local-addr", host.address]
+        argv += [str(ROOT / "tests" / "scripts" / "elastic_train.py"), str(out)]
+        command = host.command(["env", *[f"{k}={v}" for k, v in env.items()], *argv])
+        procs.append(
+            subprocess.Popen(
+                command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+            )
+        )
+    return procs
+
+
+def events_of(out: Path) -> list[dict]:
+    found = []
+    for path in out.glob("*.events"):
+        pid = int(path.stem)
+        found += [json.loads(line) | {"pid": pid} for line in path.read_text().splitlines() if line]
+    return found
+
+
+def pid_of(out: Path, host: str) -> int:
+    pids = [int(p.stem) for p in out.glob("*.pid") if p.read_text() == host]
+    return max(pids, key=lambda pid: (out / f"{pid}.pid").stat().st_mtime)
+
+
+def wait_steps(out: Path, steps: int, timeout: float = 90) -> None:
+    deadline = time.monotonic() + timeout
+    while max((e["step"] for e in events_of(out)), default=0) < steps:
+        assert time.monotonic() < deadline, f"fewer than {steps} steps within {timeout}s"
+        time.sleep(0.1)
+
+
+def finish(procs: list[subprocess.Popen], timeout: float = 240) -> list[str]:
+    logs = []
+    for p in procs:
+        try:
+            logs.append(p.communicate(timeout=timeout)[0])
+        except subprocess.TimeoutExpired:
+            p.kill()
+            logs.append(p.communicate()[0])
+    assert all(p.returncode == 0 for p in procs), "\n----\n".join(log[-3000:] for log in logs)
+    return logs
+
+
+def check_exactly_once(out: Path, epochs: int = EPOCHS) -> None:
+    for epoch in range(epochs):
+        counts = Counter(i for e in events_of(out) if e["epoch"] == epoch for i in e["indices"])
+        assert sorted(counts) == list(range(SAMPLES)) and set(counts.values()) == {1}, f"epoch {epoch}"
+
+
+def finals(out: Path) -> list[dict]:
+    return [json.loads(p.read_text()) for p in out.glob("*.final")]
+
+
+def first_step_after(out: Path, when: float, pids: list[int]) -> float:
+    return min(e["t"] for e in events_of(out) if e["t"] > when and e["pid"] in pids) - when
+
+
+def scenario(tmp_path: Path, fault: str, count: int = 1, epochs: int = EPOCHS) -> dict:
+    out = tmp_path / fault
+    out.mkdir()
+    with netlab.lab(hosts=HOSTS, rate="1gbit", prefix="gselastic") as lab:
+        procs = launch(lab, out, {"STEP_SLEEP": "0.05", "ELASTIC_TIMEOUT": "5", "EPOCHS": str(epochs)})
+        try:
+            return inject_and_finish(lab, procs, out, fault, count)
+        finally:
+            # A failed test leaves no launcher or worker behind (the workers run in sessions of their own).
+            for pid in [p.pid for p in procs] + [int(f.stem) for f in out.glob("*.pid")]:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+
+
+def inject_and_finish(lab: list, procs: list[subprocess.Popen], out: Path, fault: str, count: int) -> dict:
+    wait_steps(out, 15)
+    survivors = [pid_of(out, "h0"), pid_of(out, "h2")]
+    faults, when = [], 0.0
+    for k in range(count):
+        victim = "h2" if fault == "sigkill" and k % 2 else "h1"
+        pid = training_pid(out, victim, since=when)  # a restarted victim has rejoined and committed a step
+        when = time.time()
+        faults.append((victim, pid, when))
+        inject(fault, lab[int(victim[1])], pid)
+        wait_after(out, when, [pid_of(out, h) for h in ("h0", "h1", "h2") if h != victim])
+    logs = finish(procs)
+    return {"out": out, "survivors": survivors, "faults": faults, "logs": logs}
+
+
+def training_pid(out: Path, host: str, since: float, timeout: float = 60) -> int:
+    deadline = time.monotonic() + timeout
+    while not any(e["pid"] == pid_of(out, host) and e["t"] > since for e in events_of(out)):
+        assert time.monotonic() < deadline, f"the worker on {host} made no step within {timeout}s"
+        time.sleep(0.1)
+    return pid_of(out, host)
+
+
+def inject(fault: str, host, pid: int) -> None:
+    if fault == "sigkill":
+        os.kill(pid, signal.SIGKILL)
+    elif fault == "sigstop":
+        os.kill(pid, signal.SIGSTOP)
+        time.sleep(8)
+        os.kill(pid, signal.SIGCONT)
+    elif fault == "link":
+        subprocess.run(["ip", "-n", host.namespace, "link", "set", host.interface, "down"], check=True)
+        time.sleep(8)
+        subprocess.run(["ip", "-n", host.namespace, "link", "set", host.interface, "up"], check=True)
+
+
+def wait_after(out: Path, when: float, pids: list[int], timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while not any(e["t"] > when and e["pid"] in pids for e in events_of(out)):
+        assert time.monotonic() < deadline, "the survivors made no step after the fault"
+        time.sleep(0.05)
+
+
+def measure(tmp: Path) -> dict[str, float]:
+    """One SIGKILL of h1's worker, mid-epoch; the figures the module docstring lists."""
+    started = time.time()
+    run = scenario(tmp, "sigkill")
+    out, (_victim, pid, when) = run["out"], run["faults"][0]
+    events = sorted(events_of(out), key=lambda e: e["t"])
+    survivor_times = [e["t"] for e in events if e["pid"] == run["survivors"][0]]
+    before = [b - a for a, b in zip(survivor_times, survivor_times[1:]) if b < when][-10:]
+    rejoined = min(e["t"] for e in events if e["pid"] not in (*run["survivors"], pid) and e["t"] > when)
+    return {
+        "usual step s": statistics.median(before),
+        "survivors paused s": first_step_after(out, when, run["survivors"]),
+        "worker back s": rejoined - when,
+        "fresh job to first step s": events[0]["t"] - started,
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.elastic_lab", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", type=int, default=3)
+    args = parser.parse_args(argv)
+    if netlab.available() is not None:
+        print(f"skipped: {netlab.available()}")
+        return 1
+    rows = [measure(Path(tempfile.mkdtemp(prefix="gselastic"))) for _ in range(args.runs)]
+    for key in rows[0]:
+        values = [r[key] for r in rows]
+        print(f"{key:28s} median {statistics.median(values):6.2f}   runs {', '.join(f'{v:.2f}' for v in values)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
