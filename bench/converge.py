@@ -55,6 +55,7 @@ def run_method(args: argparse.Namespace, method: str, out: Path) -> dict:
         sent = tx_bytes(hosts[0]) - sent_before
     result = json.loads(out.read_text())
     result["bytes_per_step"] = sent / max(1, result["steps"])
+    out.write_text(json.dumps(result))
     return result
 
 
@@ -127,6 +128,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--budget", type=float, default=90.0)
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--out", default="bench/results/converge")
+    parser.add_argument("--reuse", action="store_true", help="keep the methods already measured in --out")
     args = parser.parse_args(argv)
     reason = netlab.available()
     if reason:
@@ -134,7 +136,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     folder = Path(args.out)
     folder.mkdir(parents=True, exist_ok=True)
     tag = f"{args.task}-{args.link}" + (f"-{args.delay}" if args.delay else "")
-    results = {m: run_method(args, m, folder / f"{tag}-{m}.json") for m in args.methods.split(",")}
+    results = {}
+    for method in args.methods.split(","):
+        path = folder / f"{tag}-{method}.json"
+        kept = args.reuse and path.exists() and "bytes_per_step" in json.loads(path.read_text())
+        results[method] = json.loads(path.read_text()) if kept else run_method(args, method, path)
     summary = summarise(results)
     title = f"{args.task} on {args.link}" + (f" + {args.delay}" if args.delay else "") + f", {args.budget:g} s budget"
     (folder / f"{tag}-summary.json").write_text(json.dumps(summary, indent=1))

@@ -82,13 +82,15 @@ def calibrate(args: argparse.Namespace) -> planner.Topology:
     return planner.Topology(1, args.ranks_per_host, bytes_per_s, latency_s / 2, local_bandwidth=2e9, local_latency=1e-4)
 
 
-def predict(args: argparse.Namespace, link: planner.Topology, ranks: int) -> float:
+def predict(args: argparse.Namespace, link: planner.Topology, ranks: int, compute: float = 1.0) -> float:
+    """The planner's step for ``ranks``; ``compute`` stretches the prescribed layer times to what one rank measured
+    (sleeps and autograd overhead run longer than prescribed), as a timeline recorded by Monitor would."""
     model = SyntheticModel(args.model, scale=args.scale, layers=args.layers, time_scale=args.time_scale)
     layers = []
     start = 0
     for layer in model.layers:
         nbytes = sum(model.params[i].numel() * 4 for i in range(start, start + len(layer.names)))
-        layers.append((nbytes, layer.forward_s, layer.backward_s))
+        layers.append((nbytes, layer.forward_s * compute, layer.backward_s * compute))
         start += len(layer.names)
     timeline = planner.timeline_from_profile(layers)
     hosts = max(1, math.ceil(ranks / args.ranks_per_host))
@@ -118,10 +120,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     folder = Path(args.out)
     folder.mkdir(parents=True, exist_ok=True)
     link = calibrate(args)
-    points = []
+    points: list[dict] = []
+    compute = 1.0
     for ranks in [int(n) for n in args.ranks.split(",")]:
         result = run_point(args, ranks, folder / f"{args.model}-{args.link}-n{ranks}.json")
-        result["predicted_ms"] = predict(args, link, ranks) * 1e3
+        if ranks == 1:  # the planner's compute timeline: one rank's measured step, no communication
+            compute = result["variants"]["gradsync"]["median_ms"] / (predict(args, link, 1) * 1e3)
+        result["predicted_ms"] = predict(args, link, ranks, compute) * 1e3
         result["cpu_busy"] = max(
             v["cpu_s_per_step"] / (v["median_ms"] / 1e3) / CORES for v in result["variants"].values()
         )

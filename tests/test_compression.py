@@ -149,3 +149,24 @@ def test_diloco_with_one_step_and_plain_outer_sgd_is_parameter_averaging() -> No
             torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
         n = DIM * DIM + DIM
         assert r["diloco_bytes"] == 3 * 2 * 4 * n // 2  # three fp32 ring all-reduces: 2 (W-1)/W x 4 bytes each
+
+
+def _tuned_with(rank: int, world_size: int, stateful: bool) -> bool:
+    torch.manual_seed(0)
+    ddp = gradsync.DistributedDataParallel(nn.Sequential(nn.Linear(DIM, DIM), nn.Linear(DIM, DIM)))
+    if stateful:
+        ddp.register_comm_hook(QuantizedState(bits=8), quantized_hook)
+    else:
+        ddp.register_comm_hook(None, gradsync.comm.bf16_compress_hook)
+    for _ in range(3):
+        ddp(torch.randn(4, DIM)).sum().backward()
+    return ddp.reducer.tuning is not None
+
+
+@pytest.mark.timeout(120)
+def test_a_hook_with_per_bucket_state_keeps_one_bucket_layout() -> None:
+    # PowerSGD and the quantized hook keep memory per bucket index, sized for one layout: the tuner's trial, which
+    # alternates two layouts, must not run under them (found by bench.converge: PowerSGD's error feedback of one
+    # layout added to a bucket of the other). Stateless hooks keep the tuner.
+    assert spawn(_tuned_with, world_size=2, args=(True,), timeout=100) == [False, False]
+    assert spawn(_tuned_with, world_size=2, args=(False,), timeout=100) == [True, True]

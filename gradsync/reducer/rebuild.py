@@ -103,6 +103,10 @@ class Rebuild:
         self._backward_start = 0.0
         self._trial: Trial | None = None
 
+    def disable_tuning(self) -> None:
+        """Keep the configured caps at the rebuild: no probe, no proposal, no trial (a stateful comm hook)."""
+        self._tune = False
+
     @property
     def recording(self) -> bool:
         return self.state is State.RECORDING

@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from gradsync.collectives.communicator import Communicator, Op
 from gradsync.comm.grad_bucket import GradBucket
@@ -115,6 +116,11 @@ class Reducer:
         """Reduce each bucket with ``hook(state, GradBucket) -> Future[Tensor]`` (torch's contract)."""
         self._comm_state, self._comm_hook = state, hook
         self._context = self._make_context()
+        if state is not None and not isinstance(state, dist.ProcessGroup):
+            # A hook with a state object may keep memory per bucket index (PowerSGD's error and P/Q matrices, the
+            # quantized hook's error feedback), which torch sizes for one layout after its single rebuild. The
+            # tuner's trial alternates two layouts, so such hooks get torch's caps and no trial.
+            self._rebuild.disable_tuning()
 
     def attach_recorder(self, recorder: Recorder) -> None:
         """Report this reducer's events (backward start and end, each bucket's ready, launch and completion)."""
