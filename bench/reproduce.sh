@@ -27,3 +27,11 @@ $PY -m bench --model mlp --link 1gbit --steps 15 --out bench/results/mlp-1gbit-o
 # Both at their defaults with Adam, and gradsync's OverlappedOptimizer on its tuned buckets.
 $PY -m bench --model mlp --link 1gbit --steps 12 --out bench/results/mlp-1gbit-adam-defaults.json --variants \
   "torch:opt=adam;gradsync:opt=adam;gradsync:opt=adam,overlap_opt=1"
+# The tuner's check (README, "Bucket sizes"), scaling (README, "Scaling"), sending less ("Sending less"),
+# elastic recovery ("Surviving failures") and the bad-input sweep ("When something goes wrong").
+$PY -m bench.repeat --runs 3 --models mlp,lnmlp,cnn,tiny --links loopback,1gbit --steps 20 --out bench/results/tuner/fast
+for link in 10gbit 1gbit; do $PY -m bench.scale --model resnet50 --ranks 1,2,4,8,16 --link "$link"; done
+$PY -m bench.paper_plan
+for link in 1gbit 100mbit; do $PY -m bench.converge --task gpt --link "$link" --budget 60; done
+$PY -m bench.elastic_lab --runs 3
+$PY -m bench.sweep --out bench/results/sweep.json

@@ -262,3 +262,38 @@ def test_watchdog_stops_a_hung_job_with_the_stacks() -> None:
 def test_error_classes_are_importable_from_one_place() -> None:
     for cls in (CheckpointError, CollectiveError, ConfigError, DesyncError, ModelMismatchError):
         assert issubclass(cls, gradsync.GradsyncError)
+
+
+def _settings_on_rank0(rank: int, world_size: int, setting: str) -> None:
+    kwargs: dict = {}
+    if rank == 0 and setting == "GRADSYNC_DEBUG":
+        os.environ["GRADSYNC_DEBUG"] = "1"
+    elif rank == 0:
+        kwargs[setting] = {"bucket_cap_mb": 0.0001, "forward_sync_buffers": False}.get(setting, True)
+    gradsync.DistributedDataParallel(nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4)), **kwargs)
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("setting", ["bucket_cap_mb", "static_graph", "forward_sync_buffers", "GRADSYNC_DEBUG"])
+def test_a_setting_on_one_rank_only_is_named_at_construction(setting: str) -> None:
+    # Different settings issue different collectives, which gloo answers by aborting a process (SIGABRT).
+    failures = spawn_failures(_settings_on_rank0, world_size=2, args=(setting,), timeout=60)
+    assert sorted(failures) == [0, 1]
+    assert all(f.kind == "ModelMismatchError" and setting in f.message for f in failures.values())
+
+
+def _unfreeze_after_wrapping(rank: int, world_size: int) -> None:
+    model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 1))
+    model[0].requires_grad_(False)
+    ddp = gradsync.DistributedDataParallel(model)
+    ddp(torch.randn(2, 4)).sum().backward()
+    model[0].requires_grad_(True)
+    ddp(torch.randn(2, 4)).sum().backward()
+
+
+@pytest.mark.timeout(120)
+def test_a_parameter_unfrozen_after_wrapping_is_refused() -> None:
+    # torch's DDP leaves its gradients local: the replicas drift apart with no error.
+    failures = spawn_failures(_unfreeze_after_wrapping, world_size=2, timeout=60)
+    assert all(f.kind == "ConfigError" and "'0.weight'" in f.message for f in failures.values())
+    assert sorted(failures) == [0, 1]

@@ -233,7 +233,9 @@ class Communicator:
     def _issuing(self, op: Op, index: int, tensor: torch.Tensor | None, what: Description = None) -> Iterator[None]:
         self.sequence += 1
         with self._named(op, index, what):
-            if self.check_desync:
+            # The model check carries the settings (GRADSYNC_DEBUG among them): it runs unfingerprinted, so that a
+            # rank with debug on meets a rank with debug off in the same collective and both can name the flag.
+            if self.check_desync and op is not Op.MODEL_CHECK:
                 fingerprint = desync.Fingerprint.of(op.code, self.step, self.sequence, index, tensor)
                 desync.check(self.group, fingerprint, self._device(tensor), _NAMES)
             yield

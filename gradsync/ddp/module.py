@@ -110,11 +110,23 @@ class DistributedDataParallel(nn.Module, Joinable):
         # torch's name: the previous forward was a synced one, so this forward broadcasts the buffers.
         self.require_forward_param_sync = True
         self.bucket_bytes_cap, self.bucket_bytes_cap_list = _bucket_bytes_caps(bucket_cap_mb, bucket_cap_mb_list)
+        self._bucket_caps_asked = (bucket_cap_mb, bucket_cap_mb_list)  # None: tuned; else the layout is fixed
         self._join_divides_by_initial_world_size = True
         self._build_runtime()
-        verify_same_model(self._comm, module, self._config.ignored)
+        verify_same_model(self._comm, module, self._config.ignored, self._collective_settings())
         if init_sync:
             broadcast_initial_state(self._comm, module, init_sync_buffers, self._config.ignored)
+
+    def _collective_settings(self) -> dict[str, object]:
+        """What decides the collectives each step issues: every rank must agree (checked at construction)."""
+        return {
+            "bucket_cap_mb": self._bucket_caps_asked,
+            "find_unused_parameters": self.find_unused_parameters,
+            "static_graph": self.static_graph,
+            "forward_sync_buffers": self.forward_sync_buffers,
+            "GRADSYNC_DEBUG": settings.debug(),
+            "GRADSYNC_BUCKET_TUNING": settings.bucket_tuning(),
+        }
 
     def _build_runtime(self) -> None:
         """What cannot be pickled, built at construction and again when unpickled: the communicator, the buffer
@@ -126,6 +138,10 @@ class DistributedDataParallel(nn.Module, Joinable):
         self._progress = watchdog.progress_reporter() or _no_progress  # gradsync run --watchdog
         named = config.trainable(self.module)
         self._params = [p for _, p in named]
+        trainable = {id(p) for p in self._params}
+        self._frozen = [
+            (n, p) for n, p in self.module.named_parameters() if id(p) not in trainable and n not in config.ignored
+        ]
         self.reducer = Reducer(
             self._params,
             [n for n, _ in named],
@@ -147,7 +163,7 @@ class DistributedDataParallel(nn.Module, Joinable):
             raise ConfigError("rebuild_for_new_group works with the default process group (process_group=None)")
         self.reducer.close()
         self._build_runtime()
-        verify_same_model(self._comm, self.module, self._config.ignored)
+        verify_same_model(self._comm, self.module, self._config.ignored, self._collective_settings())
         broadcast_initial_state(self._comm, self.module, True, self._config.ignored)
 
     def __getstate__(self) -> dict[str, Any]:
@@ -205,12 +221,24 @@ class DistributedDataParallel(nn.Module, Joinable):
         with torch.autograd.profiler.record_function("DistributedDataParallel.forward"):  # torch's profiler label
             return self._forward(inputs, kwargs)
 
+    def _check_still_frozen(self) -> None:
+        """A parameter frozen at construction has no hook and no bucket: unfrozen later, its gradients would stay
+        local and the replicas drift apart silently (torch's DDP does exactly that)."""
+        for name, p in self._frozen:
+            if p.requires_grad:
+                raise ConfigError(
+                    f"parameter '{name}' did not require grad when DistributedDataParallel was constructed and "
+                    "now does: its gradients would never be averaged. Unfreeze before wrapping (wrap again after "
+                    "changing requires_grad), or freeze it again."
+                )
+
     def _forward(self, inputs: tuple, kwargs: dict[str, Any]) -> Any:
         synced = torch.is_grad_enabled() and self.require_backward_grad_sync
         broadcast = self._buffer_sync.due(self.forward_sync_buffers, self.require_forward_param_sync)
         if synced:
             self._recorder.forward_start()
             self._progress()
+            self._check_still_frozen()
         scale = self._notify_join(synced, broadcast)
         self._collectives_before_forward(synced, broadcast)
         if self.device_ids is not None:

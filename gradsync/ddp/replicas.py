@@ -9,7 +9,7 @@ first difference named.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 
 import torch
 from torch import nn
@@ -37,10 +37,19 @@ def model_signature(module: nn.Module, ignored: Collection[str] = ()) -> list[Si
     return params + buffers
 
 
-def verify_same_model(comm: Communicator, module: nn.Module, ignored: Collection[str] = ()) -> None:
-    """Raise :class:`ModelMismatchError` on every rank if any rank's parameters or buffers differ, naming the first
-    difference and the ranks involved."""
-    everyone = comm.all_gather_object(Op.MODEL_CHECK, model_signature(module, ignored))
+def settings_signature(settings: Mapping[str, object]) -> list[Signature]:
+    """Settings that decide which collectives run (bucket caps, graph mode, GRADSYNC_DEBUG's fingerprints): a rank
+    with other values would issue other collectives, which gloo answers by aborting the process."""
+    return [("setting", name, (), repr(value), "", False) for name, value in sorted(settings.items())]
+
+
+def verify_same_model(
+    comm: Communicator, module: nn.Module, ignored: Collection[str] = (), settings: Mapping[str, object] | None = None
+) -> None:
+    """Raise :class:`ModelMismatchError` on every rank if any rank's parameters, buffers or collective-shaping
+    ``settings`` differ, naming the first difference and the ranks involved."""
+    mine = model_signature(module, ignored) + settings_signature(settings or {})
+    everyone = comm.all_gather_object(Op.MODEL_CHECK, mine)
     reference = everyone[0]
     for rank, theirs in enumerate(everyone[1:], start=1):
         if theirs != reference:
@@ -54,6 +63,12 @@ def _mismatch(rank: int, reference: Sequence[Signature], theirs: Sequence[Signat
     number = sum(1 for sig in reference[:pos] if sig[0] == kind)
     same = [r for r, sig in enumerate(everyone) if sig == reference]
     counts = f"{_count(reference, kind)} vs {_count(theirs, kind)} {kind}s"
+    if kind == "setting":
+        return (
+            f"DistributedDataParallel needs the same settings on every rank, but rank {rank} has {_describe(b)} "
+            f"where rank 0 has {_describe(a)} (ranks matching rank 0: {same}). Pass the same arguments and "
+            "GRADSYNC_* environment variables on every rank."
+        )
     return (
         f"DistributedDataParallel needs the same model on every rank, but rank {rank} differs from rank 0 at "
         f"{kind} #{number}: rank 0 has {_describe(a)}, rank {rank} has {_describe(b)} ({counts}; ranks matching "
@@ -74,6 +89,8 @@ def _describe(sig: Signature | None) -> str:
     if sig is None:
         return "nothing there"
     kind, name, shape, dtype, device, requires_grad = sig
+    if kind == "setting":
+        return f"{name}={dtype}"
     grad = f" requires_grad={requires_grad}" if kind == "parameter" else ""
     return f"'{name}' shape={list(shape)} dtype={dtype} device={device}{grad}"
 
