@@ -17,7 +17,6 @@ import os
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -26,6 +25,7 @@ from rich.table import Table
 
 from bench import netlab
 from bench.plot import plot
+from bench.ranks import wait_ranks
 from bench.zoo import MODELS
 from gradsync.reducer.rebuild import TRIAL_PAIRS
 
@@ -59,18 +59,7 @@ def _worker_argv(args, out: Path) -> list[str]:
 
 
 def _run_ranks(commands: list[list[str]], envs: list[dict[str, str]], timeout: float) -> None:
-    procs = [subprocess.Popen(cmd, env=env, cwd=ROOT) for cmd, env in zip(commands, envs)]
-    deadline = time.monotonic() + timeout
-    try:
-        for p in procs:
-            p.wait(timeout=max(1.0, deadline - time.monotonic()))
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-    bad = [(i, p.returncode) for i, p in enumerate(procs) if p.returncode != 0]
-    if bad:
-        raise SystemExit(f"bench: rank(s) failed: {bad}")
+    wait_ranks([subprocess.Popen(cmd, env=env, cwd=ROOT) for cmd, env in zip(commands, envs)], timeout, "bench")
 
 
 def run(args) -> dict:

@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from bench import netlab
+from bench.ranks import wait_ranks
 
 ROOT = Path(__file__).resolve().parents[1]
 METHODS = "torch,gradsync,bf16,powersgd,int8,diloco16,diloco64"
@@ -48,10 +49,7 @@ def run_method(args: argparse.Namespace, method: str, out: Path) -> dict:
             argv = [sys.executable, "-m", "bench.converge_worker", "--task", args.task, "--method", method]
             argv += ["--budget", str(args.budget), "--batch", str(args.batch), "--out", str(out)]
             procs.append(subprocess.Popen(h.command(["env", *[f"{k}={v}" for k, v in env.items()], *argv]), cwd=ROOT))
-        for p in procs:
-            p.wait(timeout=args.budget * 6 + 300)
-        if any(p.returncode for p in procs):
-            raise SystemExit(f"bench.converge: {method} failed")
+        wait_ranks(procs, args.budget * 6 + 300, f"bench.converge {method}")
         sent = tx_bytes(hosts[0]) - sent_before
     result = json.loads(out.read_text())
     result["bytes_per_step"] = sent / max(1, result["steps"])

@@ -22,11 +22,11 @@ import math
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Sequence
 from pathlib import Path
 
 from bench import netlab
+from bench.ranks import wait_ranks
 from bench.synthetic import PROFILES_S, SyntheticModel
 from gradsync import planner
 
@@ -55,22 +55,8 @@ def run_point(args: argparse.Namespace, ranks: int, out: Path) -> dict:
             procs.append(
                 subprocess.Popen(host.command(["env", *[f"{k}={v}" for k, v in env.items()], *argv]), cwd=ROOT)
             )
-        _wait(procs, args.timeout)
+        wait_ranks(procs, args.timeout, "bench.scale")
     return json.loads(out.read_text())
-
-
-def _wait(procs: list[subprocess.Popen], timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    try:
-        for p in procs:
-            p.wait(timeout=max(1.0, deadline - time.monotonic()))
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-    failed = [i for i, p in enumerate(procs) if p.returncode != 0]
-    if failed:
-        raise SystemExit(f"bench.scale: rank(s) {failed} failed")
 
 
 def calibrate(args: argparse.Namespace) -> planner.Topology:

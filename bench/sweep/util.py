@@ -134,13 +134,9 @@ def seeded(make: Callable[[], nn.Module], seed: int = 0) -> tuple[nn.Module, nn.
 
 def same_and_right(results: list[dict[str, Any]], tol: float = 1e-5) -> str | None:
     """Check for :func:`train_compare` results: replicas identical, and equal to the single-process reference."""
-    if not results or any(r is None for r in results):
-        return f"missing results: {results!r:.200}"
-    first = results[0]["params"]
-    for rank, r in enumerate(results[1:], start=1):
-        diff = max_diff(first, r["params"])
-        if diff > 1e-6:
-            return f"replicas differ: rank {rank}'s parameters are {diff:.3g} from rank 0's"
+    problem = replicas_equal(results)
+    if problem:
+        return problem
     for rank, r in enumerate(results):
         if r["ref_diff"] > tol:
             return f"wrong numbers: rank {rank} is {r['ref_diff']:.3g} from single-process training on all batches"
