@@ -15,8 +15,8 @@ from typing import Any
 import torch
 
 from gradsync.collectives.communicator import Communicator, Op
-from gradsync.comm.default_hooks import allreduce_hook
 from gradsync.comm.grad_bucket import GradBucket
+from gradsync.comm.local_sgd import allreduce_unless_local
 from gradsync.comm.quantized import QuantizedState, dequantize, quantize
 from gradsync.errors import ConfigError
 
@@ -66,11 +66,7 @@ class DiLoCo:
         return self.step_count >= self.warmup_steps
 
     def _hook(self, _state: Any, bucket: GradBucket) -> torch.futures.Future:
-        if not self.local:
-            return allreduce_hook(self.ddp.process_group, bucket)
-        fut: torch.futures.Future = torch.futures.Future()
-        fut.set_result(bucket.buffer())  # this rank's own gradients
-        return fut
+        return allreduce_unless_local(self.local, self.ddp.process_group, bucket)
 
     def step(self) -> bool:
         """Count an inner step; every ``period`` steps after warm-up, take an outer step. True when it did."""

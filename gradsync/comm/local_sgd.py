@@ -48,11 +48,7 @@ class PostLocalSGD:
         return self.step_count >= self.warmup_steps
 
     def _hook(self, _state: Any, bucket: GradBucket) -> torch.futures.Future:
-        if not self.local:
-            return allreduce_hook(self.ddp.process_group, bucket)
-        fut: torch.futures.Future = torch.futures.Future()
-        fut.set_result(bucket.buffer())  # keep this rank's own gradients
-        return fut
+        return allreduce_unless_local(self.local, self.ddp.process_group, bucket)
 
     def step(self) -> bool:
         """Count an optimizer step; average the parameters if one is due. Returns True when it averaged."""
@@ -62,6 +58,17 @@ class PostLocalSGD:
             params = [p.detach() for p in self.ddp.module.parameters()]
             average_tensors(self.ddp.communicator, Op.PARAMETER_AVERAGE, params)
         return due
+
+
+def allreduce_unless_local(
+    local: bool, process_group: dist.ProcessGroup | None, bucket: GradBucket
+) -> torch.futures.Future[torch.Tensor]:
+    """The comm hook of local SGD methods: average during warm-up, afterwards keep this rank's own gradients."""
+    if not local:
+        return allreduce_hook(process_group, bucket)
+    fut: torch.futures.Future = torch.futures.Future()
+    fut.set_result(bucket.buffer())
+    return fut
 
 
 def average_parameters(module: torch.nn.Module, process_group: dist.ProcessGroup | None = None) -> None:

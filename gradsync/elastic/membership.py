@@ -127,7 +127,7 @@ class Membership:
         self.stop()
 
     def job_done(self) -> bool:
-        return self._check("done")
+        return job_done(self.store)
 
     def alive(self, member: int) -> bool:
         """Whether ``member``'s heartbeat moved within ``timeout`` (by this worker's clock; the heartbeat thread
@@ -250,7 +250,7 @@ class Membership:
     def _wait_for(self, key: str, seconds: float, give_up: str | None = None) -> list[int]:
         deadline = time.monotonic() + seconds
         while not self.store.check([key]):
-            if give_up and self._check(give_up):
+            if give_up and self._check(give_up):  # e.g. "done": the members finished
                 raise JobFinished("the job finished before this worker could join")
             if time.monotonic() > deadline:
                 raise MembershipChanged(f"no member list at {key} within {seconds:.0f}s: the round's leader died")
@@ -312,3 +312,11 @@ def report_exit(store: dist.Store, worker: str) -> None:
 def job_done(store: dist.Store) -> bool:
     """Whether the members finished training (a launcher then restarts no worker)."""
     return store.check([_PREFIX + "done"])
+
+
+def everyone_finished(store: dist.Store) -> bool:
+    """Whether every member of the latest round reported its training finished (the store's host may close)."""
+    if not store.check([_PREFIX + "current_round"]):
+        return False
+    members = json.loads(store.get(f"{_PREFIX}round{int(store.get(_PREFIX + 'current_round'))}/members"))
+    return int(store.add(_PREFIX + "finished", 0)) >= len(members)

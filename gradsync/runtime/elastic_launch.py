@@ -13,7 +13,6 @@ cannot coordinate and ends; restart it from a checkpoint.
 from __future__ import annotations
 
 import datetime
-import json
 import os
 import socket
 import sys
@@ -24,7 +23,13 @@ from typing import Any
 import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std, start_processes
 
-from gradsync.elastic.membership import STORE_VARIABLE, WORKER_VARIABLE, job_done, report_exit
+from gradsync.elastic.membership import (
+    STORE_VARIABLE,
+    WORKER_VARIABLE,
+    everyone_finished,
+    job_done,
+    report_exit,
+)
 from gradsync.elastic.state import REJOIN_VARIABLE
 
 
@@ -117,14 +122,11 @@ def run_elastic(args: Any, cmd: str, cmd_args: list[str]) -> int:
 
 def _wait_for_everyone(store: dist.TCPStore, seconds: float = 60.0) -> None:
     """Keep the job's store up until every member of the last round reported its training finished."""
-    prefix = "gradsync/elastic/"
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
-        if store.check([prefix + "current_round"]):
-            members = json.loads(store.get(f"{prefix}round{int(store.get(prefix + 'current_round'))}/members"))
-            if int(store.add(prefix + "finished", 0)) >= len(members):
-                time.sleep(3.0)  # the other launchers look once a second: let them see the end
-                return
+        if everyone_finished(store):
+            time.sleep(3.0)  # the other launchers look once a second: let them see the end
+            return
         time.sleep(0.2)
 
 
