@@ -1,11 +1,9 @@
-"""Who is in the job: heartbeats, the members of each round, and the process group formed for a round.
+"""Who is in the job: the members of each round, and the process group formed for a round.
 
 All coordination goes through the job's key-value store (a TCPStore the elastic launcher hosts, outside every
 worker, so a dead worker takes no state with it). Each worker gets a sequence number when it first arrives; the
 members of a round, in sequence order, are its ranks, so survivors keep their relative order and newcomers come
-last. A heartbeat is a counter each worker bumps every ``HEARTBEAT_S``; a member whose counter has not moved for
-``timeout`` seconds of the observer's own clock is dead (no clock is compared across hosts). A worker that exits is
-reported at once by its launcher (``exited/<member>``), so a killed process costs no heartbeat timeout.
+last. Who is alive is :mod:`gradsync.elastic.liveness`'s question (heartbeats, and exits reported by launchers).
 
 A round: every live worker registers; the first to claim the round's leadership (``compare_set``) waits until
 every live member registered (a live one may first have to time out of a collective), then writes the round's
@@ -20,21 +18,19 @@ import json
 import logging
 import os
 import sys
-import threading
 import time
 from dataclasses import dataclass
 from typing import NoReturn
 
 import torch.distributed as dist
 
+from gradsync.elastic.liveness import PREFIX, Liveness, mark_exited
 from gradsync.errors import GradsyncError
 
 STORE_VARIABLE = "GRADSYNC_ELASTIC_STORE"  # host:port of the job's store, set by `gradsync run --elastic`
 WORKER_VARIABLE = "GRADSYNC_ELASTIC_WORKER"  # this process's id, so that its launcher can report its exit
-HEARTBEAT_S = 0.25
 SETTLE_S = 1.0
 JOIN_WAIT_S = 600.0  # a joiner waits this long for the next step boundary to admit it
-_PREFIX = "gradsync/elastic/"
 log = logging.getLogger("gradsync")
 
 
@@ -73,19 +69,13 @@ class Membership:
     def __init__(self, store: dist.Store, beat_store: dist.Store, timeout: float) -> None:
         self.store = store
         self.timeout = timeout
-        self.me = store.add(_PREFIX + "sequence", 1)
+        self.me = store.add(PREFIX + "sequence", 1)
         if os.environ.get(WORKER_VARIABLE):
-            store.set(f"{_PREFIX}worker/{os.environ[WORKER_VARIABLE]}", str(self.me))
+            store.set(f"{PREFIX}worker/{os.environ[WORKER_VARIABLE]}", str(self.me))
         self.round: Round | None = None
         self.joined_late = False  # admitted into a running job: it receives the members' state first
         self._tried = 0  # the last round number this worker registered for
-        self._seen: dict[int, tuple[int, float]] = {}  # member -> (last counter, when it last moved)
-        self._watched: list[int] = []
-        self._stop = threading.Event()
-        # Its own connection: the heartbeat thread never shares a store client with the training thread.
-        self._beat = threading.Thread(target=self._heartbeat, args=(beat_store,), name="gradsync-heartbeat")
-        self._beat.daemon = True
-        self._beat.start()
+        self.liveness = Liveness(beat_store, self.me, timeout)
 
     @classmethod
     def connect(cls, timeout: float) -> Membership:
@@ -99,53 +89,17 @@ class Membership:
         stores = [dist.TCPStore(host, int(port), is_master=False, timeout=datetime.timedelta(seconds=60)) for _ in "ab"]
         return cls(stores[0], stores[1], timeout)
 
-    # ---------------------------------------------------------------------------------------- heartbeats
-    def _heartbeat(self, store: dist.Store) -> None:
-        """Bump this worker's counter and watch the members' counters, every ``HEARTBEAT_S``."""
-        while not self._stop.wait(HEARTBEAT_S):
-            try:
-                store.add(f"{_PREFIX}beat/{self.me}", 1)
-                for member in list(self._watched):
-                    self._observe(member, int(store.add(f"{_PREFIX}beat/{member}", 0)))
-                    if store.check([f"{_PREFIX}exited/{member}"]):  # its launcher saw it exit: no need to wait
-                        self._seen[member] = (-1, float("-inf"))
-            except Exception:  # the store is out of reach (a link down): beat again once it is back
-                continue
-
-    def _observe(self, member: int, count: int) -> None:
-        last = self._seen.get(member)
-        if last is None or last[0] not in (count, -1):
-            self._seen[member] = (count, time.monotonic())
-
     def stop(self) -> None:
-        self._stop.set()
+        self.liveness.stop()
 
     def finished(self) -> None:
         """This worker's training function returned: the store host may close once every member has."""
-        self.store.set(_PREFIX + "done", "1")  # a worker still waiting to join need not
-        self.store.add(_PREFIX + "finished", 1)
+        self.store.set(PREFIX + "done", "1")  # a worker still waiting to join need not
+        self.store.add(PREFIX + "finished", 1)
         self.stop()
 
     def job_done(self) -> bool:
         return job_done(self.store)
-
-    def alive(self, member: int) -> bool:
-        """Whether ``member``'s heartbeat moved within ``timeout`` (by this worker's clock; the heartbeat thread
-        watches every member of the current round and every registering worker)."""
-        if member == self.me:
-            return True
-        if member not in self._watched:
-            self._watched.append(member)
-        last = self._seen.get(member)
-        return last is None or time.monotonic() - last[1] <= self.timeout
-
-    def why_dead(self, member: int) -> str:
-        exited = self._seen.get(member, (0, 0.0))[0] == -1
-        return "exited (its launcher saw it)" if exited else f"stopped (no heartbeat for {self.timeout:.0f}s)"
-
-    def dead_members(self) -> list[int]:
-        assert self.round is not None
-        return [m for m in self.round.members if m != self.me and not self.alive(m)]
 
     # ------------------------------------------------------------------------------------------- joining
     def job_running(self) -> bool:
@@ -153,40 +107,38 @@ class Membership:
 
     def first_round(self, expected: int, seconds: float = 300.0) -> Round:
         """The job's first round: the first worker to arrive waits for ``expected`` in all (at most ``seconds``)."""
-        key = f"{_PREFIX}round1/"
+        key = f"{PREFIX}round1/"
         self.store.set(f"{key}registered/{self.me}", "1")
         if self.me == 1:
             deadline = time.monotonic() + seconds
-            while int(self.store.add(_PREFIX + "sequence", 0)) < expected and time.monotonic() < deadline:
+            while int(self.store.add(PREFIX + "sequence", 0)) < expected and time.monotonic() < deadline:
                 time.sleep(0.02)
-            registered = [s for s in range(1, int(self.store.add(_PREFIX + "sequence", 0)) + 1)]
+            registered = [s for s in range(1, int(self.store.add(PREFIX + "sequence", 0)) + 1)]
             while not all(self._check(f"round1/registered/{s}") for s in registered):
                 time.sleep(0.02)
             self.store.set(f"{key}members", json.dumps(registered))
-            self.store.set(_PREFIX + "current_round", "1")
+            self.store.set(PREFIX + "current_round", "1")
         return self._enter(1, self._wait_for(f"{key}members", seconds + SETTLE_S))
 
     def _enter(self, number: int, members: list[int]) -> Round:
         if self.me not in members:
             raise GradsyncError(f"worker {self.me} was left out of round {number} (declared dead); exiting")
         self.round = Round(number, members, self.me)
-        self._watched = [m for m in members if m != self.me]
-        for member in self._watched:  # each registered for this round just now: a fresh timeout for everyone
-            self._seen.pop(member, None)
-        self.store.set(f"{_PREFIX}joined/{self.me}", "1")
+        self.liveness.watch_only(members)
+        self.store.set(f"{PREFIX}joined/{self.me}", "1")
         return self.round
 
     def request_to_join(self) -> None:
         self.joined_late = True
-        self.store.delete_key(f"{_PREFIX}joined/{self.me}")  # a member left out of a round joins again
-        self.store.set(f"{_PREFIX}joiners/{self.me}", "1")
+        self.store.delete_key(f"{PREFIX}joined/{self.me}")  # a member left out of a round joins again
+        self.store.set(f"{PREFIX}joiners/{self.me}", "1")
 
     def pending_joiners(self) -> list[int]:
-        count = int(self.store.add(_PREFIX + "sequence", 0))
+        count = int(self.store.add(PREFIX + "sequence", 0))
         return [s for s in range(1, count + 1) if self._check(f"joiners/{s}") and not self._check(f"joined/{s}")]
 
     def _check(self, key: str) -> bool:
-        return self.store.check([_PREFIX + key])
+        return self.store.check([PREFIX + key])
 
     # --------------------------------------------------------------------------------------------- rounds
     def next_round(self) -> Round:
@@ -197,7 +149,7 @@ class Membership:
         # A round whose leader died before naming the members is skipped: everyone tries the next number.
         number = max(self.round.number, self._tried) + 1
         self._tried = number
-        key = f"{_PREFIX}round{number}/"
+        key = f"{PREFIX}round{number}/"
         self.store.set(f"{key}registered/{self.me}", "1")
         if self.store.compare_set(f"{key}leader", "", str(self.me)).decode() == str(self.me):
             self._decide(number)
@@ -217,35 +169,35 @@ class Membership:
             if self.job_done():
                 raise JobFinished("the job finished before this worker could join")
             number = self._current_round() + 1
-            key = f"{_PREFIX}round{number}/"
+            key = f"{PREFIX}round{number}/"
             self.store.set(f"{key}registered/{self.me}", "1")
             members = self._wait_for(f"{key}members", max(1.0, deadline - time.monotonic()), give_up="done")
             if self.me in members:
                 return self._enter(number, members)
-            self.store.delete_key(f"{_PREFIX}joined/{self.me}")  # marked expired by that round: still joining
+            self.store.delete_key(f"{PREFIX}joined/{self.me}")  # marked expired by that round: still joining
         raise GradsyncError(f"worker {self.me} was not admitted within {JOIN_WAIT_S:.0f}s")
 
     def _decide(self, number: int) -> None:
-        key = f"{_PREFIX}round{number}/"
+        key = f"{PREFIX}round{number}/"
         current = self.round.members if self.round is not None else []
         joiners = self.pending_joiners()
         wanted = sorted(set(current) | set(joiners) | {self.me})
         # A live member may be inside a collective that fails only at the group's timeout: wait for it that long.
         deadline = time.monotonic() + SETTLE_S + self.timeout
         while time.monotonic() < deadline:
-            live = [m for m in wanted if m == self.me or self.alive(m)]
+            live = [m for m in wanted if self.liveness.alive(m)]
             if all(self.store.check([f"{key}registered/{m}"]) for m in live):
                 break
             time.sleep(0.02)
         # Registered and still alive: a worker killed after registering (its launcher reported it) is left out.
-        members = [m for m in wanted if self.store.check([f"{key}registered/{m}"]) and (m == self.me or self.alive(m))]
+        members = [m for m in wanted if self.store.check([f"{key}registered/{m}"]) and self.liveness.alive(m)]
         for gone in set(joiners) - set(members):  # asked to join, then vanished: stop waiting for it
-            self.store.set(f"{_PREFIX}joined/{gone}", "expired")
+            self.store.set(f"{PREFIX}joined/{gone}", "expired")
         self.store.set(f"{key}members", json.dumps(members))
-        self.store.set(_PREFIX + "current_round", str(number))
+        self.store.set(PREFIX + "current_round", str(number))
 
     def _current_round(self) -> int:
-        return int(self.store.get(_PREFIX + "current_round")) if self._check("current_round") else 0
+        return int(self.store.get(PREFIX + "current_round")) if self._check("current_round") else 0
 
     def _wait_for(self, key: str, seconds: float, give_up: str | None = None) -> list[int]:
         deadline = time.monotonic() + seconds
@@ -264,7 +216,7 @@ class Membership:
                 dist.destroy_process_group()
             except Exception:  # a group with dead members may not close cleanly; it is dropped either way
                 pass
-        prefix = dist.PrefixStore(f"{_PREFIX}round{round_.number}/group/", self.store)
+        prefix = dist.PrefixStore(f"{PREFIX}round{round_.number}/group/", self.store)
         try:
             dist.init_process_group(
                 "gloo",
@@ -286,17 +238,17 @@ class Membership:
         """Every member reached ``label`` (a step boundary); returns the leader's decision: "continue" or "admit"
         (joiners wait: form the next round). Raises :class:`MembershipChanged` if a member died meanwhile."""
         assert self.round is not None
-        key = f"{_PREFIX}round{self.round.number}/{label}/"
+        key = f"{PREFIX}round{self.round.number}/{label}/"
         self.store.set(f"{key}{self.me}", "1")
         for member in self.round.members:
             while not self.store.check([f"{key}{member}"]):
-                if not self.alive(member):
-                    raise MembershipChanged(f"member {member} {self.why_dead(member)} at {label}")
+                if not self.liveness.alive(member):
+                    raise MembershipChanged(f"member {member} {self.liveness.why_dead(member)} at {label}")
                 time.sleep(0.001)
         if self.round.rank == 0:
             self.store.set(f"{key}decision", "admit" if self.pending_joiners() else "continue")
         while not self.store.check([f"{key}decision"]):
-            if not self.alive(self.round.members[0]):
+            if not self.liveness.alive(self.round.members[0]):
                 raise MembershipChanged(f"the leader {self.round.members[0]} stopped at {label}")
             time.sleep(0.001)
         return self.store.get(f"{key}decision").decode()
@@ -304,19 +256,19 @@ class Membership:
 
 def report_exit(store: dist.Store, worker: str) -> None:
     """Called by a launcher when its worker ``worker`` (its WORKER_VARIABLE) exited: the members stop waiting for it."""
-    key = f"{_PREFIX}worker/{worker}"
+    key = f"{PREFIX}worker/{worker}"
     if store.check([key]):
-        store.set(f"{_PREFIX}exited/{store.get(key).decode()}", "1")
+        mark_exited(store, int(store.get(key)))
 
 
 def job_done(store: dist.Store) -> bool:
     """Whether the members finished training (a launcher then restarts no worker)."""
-    return store.check([_PREFIX + "done"])
+    return store.check([PREFIX + "done"])
 
 
 def everyone_finished(store: dist.Store) -> bool:
     """Whether every member of the latest round reported its training finished (the store's host may close)."""
-    if not store.check([_PREFIX + "current_round"]):
+    if not store.check([PREFIX + "current_round"]):
         return False
-    members = json.loads(store.get(f"{_PREFIX}round{int(store.get(_PREFIX + 'current_round'))}/members"))
-    return int(store.add(_PREFIX + "finished", 0)) >= len(members)
+    members = json.loads(store.get(f"{PREFIX}round{int(store.get(PREFIX + 'current_round'))}/members"))
+    return int(store.add(PREFIX + "finished", 0)) >= len(members)

@@ -1,0 +1,75 @@
+"""Which members are alive, as one worker sees it: heartbeats on the job's store, and exits reported by launchers.
+
+A heartbeat is a counter each worker bumps every ``HEARTBEAT_S`` from a thread with its own store connection (it
+never shares a client with the training thread). A member whose counter has not moved for ``timeout`` seconds of
+the observer's own clock is dead (no clock is compared across hosts). A worker that exits is reported at once by
+its launcher (``exited/<member>``, :func:`mark_exited`), so a killed process costs no heartbeat timeout.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import torch.distributed as dist
+
+PREFIX = "gradsync/elastic/"  # every elastic key in the job's store
+HEARTBEAT_S = 0.25
+_EXITED = -1  # the counter recorded for a member its launcher saw exit
+
+
+def mark_exited(store: dist.Store, member: int) -> None:
+    store.set(f"{PREFIX}exited/{member}", "1")
+
+
+class Liveness:
+    """Beats for ``me`` and watches the members it is asked about, until :meth:`stop`."""
+
+    def __init__(self, store: dist.Store, me: int, timeout: float) -> None:
+        self.me = me
+        self.timeout = timeout
+        self._seen: dict[int, tuple[int, float]] = {}  # member -> (last counter, when it last moved)
+        self._watched: list[int] = []
+        self._stop = threading.Event()
+        self._beat = threading.Thread(target=self._heartbeat, args=(store,), name="gradsync-heartbeat")
+        self._beat.daemon = True
+        self._beat.start()
+
+    def _heartbeat(self, store: dist.Store) -> None:
+        """Bump this worker's counter and read the watched members' counters, every ``HEARTBEAT_S``."""
+        while not self._stop.wait(HEARTBEAT_S):
+            try:
+                store.add(f"{PREFIX}beat/{self.me}", 1)
+                for member in list(self._watched):
+                    self._observe(member, int(store.add(f"{PREFIX}beat/{member}", 0)))
+                    if store.check([f"{PREFIX}exited/{member}"]):  # its launcher saw it exit: no need to wait
+                        self._seen[member] = (_EXITED, float("-inf"))
+            except Exception:  # the store is out of reach (a link down): beat again once it is back
+                continue
+
+    def _observe(self, member: int, count: int) -> None:
+        last = self._seen.get(member)
+        if last is None or last[0] not in (count, _EXITED):
+            self._seen[member] = (count, time.monotonic())
+
+    def watch_only(self, members: list[int]) -> None:
+        """Watch these members from now on, each with a fresh timeout (each registered for a round just now)."""
+        self._watched = [m for m in members if m != self.me]
+        for member in self._watched:
+            self._seen.pop(member, None)
+
+    def alive(self, member: int) -> bool:
+        """Whether ``member``'s heartbeat moved within ``timeout``; a member not yet watched is watched from now."""
+        if member == self.me:
+            return True
+        if member not in self._watched:
+            self._watched.append(member)
+        last = self._seen.get(member)
+        return last is None or time.monotonic() - last[1] <= self.timeout
+
+    def why_dead(self, member: int) -> str:
+        exited = self._seen.get(member, (0, 0.0))[0] == _EXITED
+        return "exited (its launcher saw it)" if exited else f"stopped (no heartbeat for {self.timeout:.0f}s)"
+
+    def stop(self) -> None:
+        self._stop.set()
