@@ -181,7 +181,9 @@ class Membership:
         key = f"{PREFIX}round{number}/"
         current = self.round.members if self.round is not None else []
         joiners = self.pending_joiners()
-        wanted = sorted(set(current) | set(joiners) | {self.me})
+        # Members keep their order and joiners come last, so rank 0 (whose state everyone receives) is a member that
+        # lived through the change: a worker that was cut off and asks to join again keeps its old, low number.
+        wanted = current + sorted(set(joiners) - set(current))
         # A live member may be inside a collective that fails only at the group's timeout: wait for it that long.
         deadline = time.monotonic() + SETTLE_S + self.timeout
         while time.monotonic() < deadline:
@@ -236,22 +238,38 @@ class Membership:
     # --------------------------------------------------------------------------------------- agreement
     def agree(self, label: str) -> str:
         """Every member reached ``label`` (a step boundary); returns the leader's decision: "continue" or "admit"
-        (joiners wait: form the next round). Raises :class:`MembershipChanged` if a member died meanwhile."""
+        (joiners wait: form the next round). Raises :class:`MembershipChanged` if a member died meanwhile.
+
+        The decision is one key, written once (``compare_set``): the leader writes "continue" or "admit" after
+        every member's flag; a member that finds another dead writes "abort". Whoever writes first decides for
+        everyone, so a member cut off mid-step cannot come back and commit a step the others abandoned."""
         assert self.round is not None
         key = f"{PREFIX}round{self.round.number}/{label}/"
         self.store.set(f"{key}{self.me}", "1")
+        leader = self.round.members[0]
         for member in self.round.members:
-            while not self.store.check([f"{key}{member}"]):
+            while not self._decided(key) and not self.store.check([f"{key}{member}"]):
                 if not self.liveness.alive(member):
-                    raise MembershipChanged(f"member {member} {self.liveness.why_dead(member)} at {label}")
+                    self._abort(key, f"member {member} {self.liveness.why_dead(member)} at {label}")
                 time.sleep(0.001)
         if self.round.rank == 0:
-            self.store.set(f"{key}decision", "admit" if self.pending_joiners() else "continue")
-        while not self.store.check([f"{key}decision"]):
-            if not self.liveness.alive(self.round.members[0]):
-                raise MembershipChanged(f"the leader {self.round.members[0]} stopped at {label}")
+            self.store.compare_set(f"{key}decision", "", "admit" if self.pending_joiners() else "continue")
+        while not self._decided(key):
+            if not self.liveness.alive(leader):
+                self._abort(key, f"the leader {leader} stopped at {label}")
             time.sleep(0.001)
-        return self.store.get(f"{key}decision").decode()
+        decision = self.store.get(f"{key}decision").decode()
+        if decision == "abort":
+            raise MembershipChanged(f"the step at {label} was abandoned: a member was lost")
+        return decision
+
+    def _decided(self, key: str) -> bool:
+        return self.store.check([f"{key}decision"])
+
+    def _abort(self, key: str, why: str) -> None:
+        """Abandon the step unless the leader decided first (then follow its decision)."""
+        if self.store.compare_set(f"{key}decision", "", "abort").decode() == "abort":
+            raise MembershipChanged(why)
 
 
 def report_exit(store: dist.Store, worker: str) -> None:
