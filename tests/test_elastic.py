@@ -23,6 +23,7 @@ from bench.elastic_lab import (  # noqa: E402
     first_step_after,
     pid_of,
     scenario,
+    unrecorded_shares,
 )
 
 needs_lab = pytest.mark.skipif(netlab.available() is not None, reason=f"network namespaces: {netlab.available()}")
@@ -40,6 +41,15 @@ def test_loader_hands_out_every_sample_once_across_world_changes() -> None:
     assert sorted(seen) == list(range(SAMPLES))
 
 
+def test_a_killed_ranks_unrecorded_share_is_filled_only_within_the_kills_injected() -> None:
+    loader = ElasticLoader(range(SAMPLES), batch_size=4, seed=1)
+    step = {"epoch": 0, "position": 24, "world": 3}
+    recorded = [step | {"rank": r, "indices": loader.share(24, 3, r)[0]} for r in (0, 2)]
+    assert unrecorded_shares(recorded, killed=1) == [{"epoch": 0, "indices": loader.share(24, 3, 1)[0]}]
+    with pytest.raises(AssertionError, match="1 ranks' committed steps unrecorded, 0 kills"):
+        unrecorded_shares(recorded, killed=0)
+
+
 @needs_lab
 @pytest.mark.timeout(420)
 def test_survivors_continue_after_sigkill_and_the_worker_rejoins(tmp_path: Path) -> None:
@@ -48,7 +58,7 @@ def test_survivors_continue_after_sigkill_and_the_worker_rejoins(tmp_path: Path)
     out, (_victim, _pid, when) = run["out"], run["faults"][0]
     assert [pid_of(out, "h0"), pid_of(out, "h2")] == run["survivors"]  # unchanged processes
     assert first_step_after(out, when, run["survivors"]) < 3.0
-    check_exactly_once(out)
+    check_exactly_once(out, killed=1)
     ended = finals(out)
     assert len({round(f["checksum"], 6) for f in ended if f["steps"] == max(g["steps"] for g in ended)}) == 1
     ref_loss = finals(reference["out"])[0]["loss"]
@@ -71,5 +81,5 @@ def test_survivors_continue_when_a_worker_goes_silent(tmp_path: Path, fault: str
 @pytest.mark.timeout(600)
 def test_five_failures_in_one_run(tmp_path: Path) -> None:
     run = scenario(tmp_path, "sigkill", count=5, epochs=10)
-    check_exactly_once(run["out"], epochs=10)
+    check_exactly_once(run["out"], epochs=10, killed=5)
     assert len(finals(run["out"])) == HOSTS

@@ -2,8 +2,9 @@
 rank.
 
 Writes into argv[1]: ``<pid>.events`` (one JSON line per committed step: the samples this rank consumed, the time,
-its rank and world size), ``<pid>.final`` (the final parameters' checksum, loss and recoveries). A worker started
-with STEP_SLEEP slows each step (so the test has time to kill things mid-epoch).
+its rank, world size and the epoch position the step started at), ``<pid>.final`` (the final parameters' checksum,
+loss and recoveries). A worker started with STEP_SLEEP slows each step (so the test has time to kill things
+mid-epoch).
 """
 
 import json
@@ -44,14 +45,14 @@ def train(state):
             state.optimizer.zero_grad()
             nn.functional.mse_loss(state.model(xb), yb).backward()
             time.sleep(float(os.environ.get("STEP_SLEEP", "0")))
-            indices, before = list(state.loader.last_indices), state.steps
+            indices, before, position = list(state.loader.last_indices), state.steps, state.loader.position
             rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
             try:
                 state.step()
             finally:  # a step can be committed and then raise (to admit a joiner): it still counts
                 if state.steps > before:
-                    record = {"epoch": epoch, "indices": indices, "t": time.time(), "step": state.steps}
-                    events.write(json.dumps(record | {"rank": rank, "world": world}) + "\n")
+                    record = {"epoch": epoch, "position": position, "indices": indices, "t": time.time()}
+                    events.write(json.dumps(record | {"step": state.steps, "rank": rank, "world": world}) + "\n")
                     events.flush()
         state.epoch = epoch + 1
 
