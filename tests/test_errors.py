@@ -9,6 +9,7 @@ import pytest
 import torch
 from models import SometimesUsed
 from torch import nn
+from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import bf16_compress_hook
 
 import gradsync
 from gradsync.testing import spawn, spawn_failures
@@ -78,6 +79,12 @@ def _bad_arguments(rank: int, world_size: int) -> list[str]:
         lambda: gradsync.DistributedDataParallel(nn.Linear(2, 2), mixed_precision=object()),
         lambda: gradsync.DistributedDataParallel(nn.Linear(2, 2), bucket_size=3),
         lambda: gradsync.DistributedDataParallel("not a module"),
+        lambda: gradsync.DistributedDataParallel(nn.Linear(2, 2), bucket_cap_mb=float("nan")),
+        lambda: gradsync.DistributedDataParallel(nn.Linear(2, 2), bucket_cap_mb=float("inf")),
+        lambda: gradsync.DistributedDataParallel(nn.Linear(2, 2), device_ids=["cuda:0"]),
+        lambda: gradsync.DistributedDataParallel(nn.Linear(2, 2), output_device="gpu"),
+        lambda: gradsync.DistributedDataParallel(nn.Linear(2, 2), device_mesh="1d"),
+        lambda: gradsync.DistributedDataParallel(nn.Linear(2, 2)).register_comm_hook(None, lambda bucket: bucket),
     ):
         try:
             make()
@@ -91,11 +98,61 @@ def _bad_arguments(rank: int, world_size: int) -> list[str]:
 @pytest.mark.timeout(60)
 def test_bad_arguments_say_what_to_change() -> None:
     msgs = spawn(_bad_arguments, timeout=50)[0]
-    assert msgs[0].startswith("ValueError: gradsync: bucket_cap_mb must be > 0")
+    assert msgs[0].startswith("ValueError: gradsync: bucket_cap_mb must be a finite number > 0")
     assert msgs[1].startswith("ValueError") and "doesn't have any parameter that requires a gradient" in msgs[1]
     assert msgs[2].startswith("TypeError") and "'mixed_precision'" in msgs[2] and "does not implement" in msgs[2]
     assert msgs[3].startswith("TypeError") and "'bucket_size'" in msgs[3] and "no such argument" in msgs[3]
     assert msgs[4].startswith("TypeError") and "wraps an nn.Module" in msgs[4]
+    assert all(m.startswith("ValueError: gradsync: bucket_cap_mb must be a finite number > 0") for m in msgs[5:7])
+    assert "device_ids=['cuda:0'] names a cuda device but the module's parameters are on cpu" in msgs[7]
+    assert msgs[8] == (
+        "ValueError: gradsync: output_device: 'gpu' is not a device; pass an index or a device such as 'cuda:0' "
+        "or torch.device('cuda', local_rank)"
+    )
+    assert msgs[9].startswith("TypeError: device_mesh must be a torch.distributed.device_mesh.DeviceMesh")
+    assert msgs[10].startswith("TypeError: register_comm_hook: hook '") and "must take two arguments" in msgs[10]
+
+
+def _hook_on_rank_0_only(rank: int, world_size: int) -> None:
+    ddp = gradsync.DistributedDataParallel(nn.Linear(4, 4))
+    if rank == 0:
+        ddp.register_comm_hook(None, bf16_compress_hook)
+    ddp(torch.randn(2, 4)).sum().backward()
+
+
+@pytest.mark.timeout(60)
+def test_a_comm_hook_on_some_ranks_only_is_named_instead_of_aborting() -> None:
+    failures = spawn_failures(_hook_on_rank_0_only, timeout=50, pg_timeout=10)
+    assert sorted(failures) == [0, 1]
+    for f in failures.values():
+        assert f.kind == "ConfigError"
+        assert (
+            "rank(s) [0]: comm hook torch.distributed.algorithms.ddp_comm_hooks.default_hooks.bf16_compress_hook"
+            in f.message
+        )
+        assert "rank(s) [1]: no comm hook" in f.message and "not under `if rank == 0:`" in f.message
+
+
+def _extra_no_sync_on_rank_0(rank: int, world_size: int) -> list[list[float]]:
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4), nn.Linear(4, 1))
+    ddp = gradsync.DistributedDataParallel(net)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    for step in range(4):
+        opt.zero_grad()
+        if rank == 0 and step == 1:  # data-dependent accumulation on one rank: its buffers broadcast a forward early
+            with ddp.no_sync():
+                ddp(torch.randn(8, 4)).sum().backward()
+        ddp(torch.randn(8, 4)).sum().backward()
+        opt.step()
+    return [p.detach().flatten().tolist() for p in net.parameters()]
+
+
+@pytest.mark.timeout(60)
+def test_an_extra_no_sync_micro_batch_on_one_rank_keeps_the_collectives_in_step() -> None:
+    # It used to pair rank 0's buffer broadcast with rank 1's bucket-rebuild broadcast, and gloo aborted.
+    results = spawn(_extra_no_sync_on_rank_0, timeout=50)
+    assert results[0] == results[1]
 
 
 def test_no_process_group_says_how_to_start_one() -> None:

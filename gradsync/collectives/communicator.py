@@ -37,6 +37,7 @@ class Op(enum.Enum):
     """Every collective gradsync issues; the value is how errors and desync reports name it."""
 
     MODEL_CHECK = "comparison of the model (parameters and buffers) across ranks"
+    HOOK_CHECK = "comparison of the communication hooks across ranks"
     INITIAL_BROADCAST = "broadcast of rank 0's parameters and buffers at construction"
     BUFFER_BROADCAST = "broadcast of module buffers before forward"
     PLAN_BROADCAST = "broadcast of the rebuilt bucket plan"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import inspect
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
@@ -26,7 +27,7 @@ from gradsync.ddp.replicas import broadcast_initial_state, verify_same_model
 from gradsync.ddp.tree import iter_tensors, map_tensors, replace_tensors
 from gradsync.errors import ConfigError
 from gradsync.observe.recorder import Recorder
-from gradsync.reducer.buckets import MIB
+from gradsync.reducer.buckets import MIB, size_limits
 from gradsync.reducer.mode import GraphMode
 from gradsync.reducer.reducer import CommHook, Reducer
 from gradsync.reducer.sink import pass_through_sink
@@ -100,6 +101,7 @@ class DistributedDataParallel(nn.Module, Joinable):
         self._process_group = _group_of(process_group, device_mesh)  # None: the default group
         self.device_mesh = device_mesh
         self.device_ids, self.output_device = _device_indices(device_ids, output_device)
+        _check_device_types(module, {"device_ids": device_ids, "output_device": output_device})
         self.dim = dim
         self.forward_sync_buffers, init_sync_buffers = _buffer_sync(broadcast_buffers, forward_sync_buffers)
         self.find_unused_parameters = find_unused_parameters
@@ -258,11 +260,15 @@ class DistributedDataParallel(nn.Module, Joinable):
     def _collectives_before_forward(self, synced: bool, broadcast: bool) -> None:
         """A forward's collectives, in order; a joined rank's shadow runs this same method."""
         if synced:
-            # Before the forward, when memory is lowest and all ranks are at the same point (torch does the same).
             self._comm.begin_step()
-            self.reducer.before_synced_forward()
+        # Buffers first: a rank that runs an extra no_sync forward (data-dependent accumulation) broadcasts at that
+        # forward instead, and its sequence stays the same as the others' (broadcast, then the rebuild's
+        # collectives) instead of pairing a broadcast with a rebuild collective, which makes gloo abort.
         if broadcast:
             self._buffer_sync.broadcast()
+        if synced:
+            # Before the forward, when memory is lowest and all ranks are at the same point (torch does the same).
+            self.reducer.before_synced_forward()
 
     def _through_sink(self, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
         return pass_through_sink(tensors, self.reducer.sink_backward_started)
@@ -359,8 +365,7 @@ class DistributedDataParallel(nn.Module, Joinable):
         ``hook(state, bucket) -> torch.futures.Future[torch.Tensor]``; the future's value becomes the bucket's
         averaged gradients. Register once, before the first backward.
         """
-        if not callable(hook):
-            raise TypeError(f"register_comm_hook: hook must be callable, got {type(hook).__name__}")
+        _check_hook_signature(hook)
         if self._comm_hook_registered:
             raise ConfigError("register_comm_hook: a communication hook is already registered; register only once.")
         if self.reducer.iteration > 0:
@@ -399,6 +404,22 @@ class _DDPJoinHook(JoinHook):
 
     def post_hook(self, is_last_joiner: bool) -> None:
         self.ddp.sync_final_model(is_last_joiner)
+
+
+def _check_hook_signature(hook: object) -> None:
+    """torch's ``_check_comm_hook`` checks the type; this also checks the hook takes ``(state, bucket)``, which would
+    otherwise fail at the first bucket, deep inside backward."""
+    if not callable(hook):
+        raise TypeError(f"register_comm_hook: hook must be callable, got {type(hook).__name__}")
+    try:
+        inspect.signature(hook).bind(None, None)
+    except TypeError:
+        raise TypeError(
+            f"register_comm_hook: hook {getattr(hook, '__qualname__', hook)!r} must take two arguments, "
+            f"hook(state, bucket) -> torch.futures.Future[torch.Tensor]; its signature is {inspect.signature(hook)}"
+        ) from None
+    except ValueError:  # a builtin without a signature: nothing to check
+        pass
 
 
 def _no_progress() -> None:
@@ -475,6 +496,11 @@ def _group_of(process_group: dist.ProcessGroup | None, device_mesh: Any) -> dist
         return process_group
     if process_group is not None:
         raise ConfigError("Cannot specify both process_group and device_mesh arguments (torch's rule).")
+    if not hasattr(device_mesh, "get_group"):
+        raise TypeError(
+            f"device_mesh must be a torch.distributed.device_mesh.DeviceMesh (from init_device_mesh), got "
+            f"{type(device_mesh).__name__}"
+        )
     if device_mesh.ndim != 1:
         raise ConfigError(f"Only 1D device mesh is supported, but got {device_mesh} (torch's rule).")
     return device_mesh.get_group(mesh_dim=0)
@@ -506,6 +532,7 @@ def _warn_deprecated(broadcast_buffers: bool | None, forward_sync_buffers: bool 
 
 def _bucket_bytes_caps(cap_mb: Any, cap_list: Sequence[float] | None) -> tuple[int, list[int]]:
     """torch's ``bucket_bytes_cap`` and ``bucket_bytes_cap_list`` attributes."""
+    size_limits(cap_list or cap_mb)  # refuses a cap that is not a finite number of MiB > 0, naming it
     cap = 25.0 if cap_mb is None or isinstance(cap_mb, str) else cap_mb
     return int(cap * MIB), [int(c * MIB) for c in cap_list or ()]
 
@@ -529,13 +556,36 @@ def _device_indices(
             f"device_ids={list(device_ids)}: one process per device is supported (torch deprecated "
             "single-process multi-device); start one process per GPU and pass device_ids=[local_rank]."
         )
-    ids = [_device_index(d) for d in device_ids] if device_ids else None
-    return ids, _device_index(output_device) if output_device is not None else None
+    ids = [_device_index(d, "device_ids") for d in device_ids] if device_ids else None
+    return ids, _device_index(output_device, "output_device") if output_device is not None else None
 
 
-def _device_index(device: int | torch.device) -> int:
+def _check_device_types(module: nn.Module, arguments: Mapping[str, Any]) -> None:
+    """A device named by type (``"cuda:0"``) must be where the module is: torch would move inputs there."""
+    where = {p.device.type for p in module.parameters()}
+    for argument, value in arguments.items():
+        for device in value if isinstance(value, Sequence) and not isinstance(value, str) else [value]:
+            kind = torch.device(device).type if isinstance(device, (str, torch.device)) else None
+            if kind is not None and kind not in where:
+                raise ConfigError(
+                    f"{argument}={value!r} names a {kind} device but the module's parameters are on "
+                    f"{', '.join(sorted(where))}: move the module first (module.to({str(device)!r})), then wrap it"
+                )
+
+
+def _device_index(device: int | str | torch.device, argument: str) -> int:
+    if isinstance(device, str):  # torch's _get_device_index takes "cuda:0" too
+        try:
+            device = torch.device(device)
+        except RuntimeError:
+            raise ConfigError(
+                f"{argument}: {device!r} is not a device; pass an index or a device such as 'cuda:0' or "
+                "torch.device('cuda', local_rank)"
+            ) from None
     if isinstance(device, torch.device):
         if device.index is None:
-            raise ConfigError(f"device {device} has no index; pass e.g. torch.device('cuda', local_rank)")
+            raise ConfigError(f"{argument}: device {device} has no index; pass e.g. torch.device('cuda', local_rank)")
         return device.index
-    return int(device)
+    if not isinstance(device, int) or isinstance(device, bool):
+        raise ConfigError(f"{argument}: expected a device index or device, got {device!r}")
+    return device

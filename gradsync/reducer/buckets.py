@@ -6,6 +6,7 @@ gradients are packed into flat buffers ("buckets") of about ``bucket_cap_mb`` ea
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import torch
@@ -37,13 +38,22 @@ def size_limits(bucket_cap_mb: float | str | Sequence[float] | None) -> list[int
     if bucket_cap_mb is None or bucket_cap_mb == "auto":
         return [DEFAULT_FIRST_BUCKET_BYTES, int(DEFAULT_BUCKET_CAP_MB * MIB)]
     if isinstance(bucket_cap_mb, Sequence) and not isinstance(bucket_cap_mb, str):
-        if not bucket_cap_mb or not all(cap > 0 for cap in bucket_cap_mb):
-            raise ConfigError(f"bucket_cap_mb_list must hold caps > 0 (MiB per bucket), got {list(bucket_cap_mb)}")
+        if not bucket_cap_mb or not all(_is_cap(cap) for cap in bucket_cap_mb):
+            raise ConfigError(
+                f"bucket_cap_mb_list must hold finite caps > 0 (MiB per bucket), got {list(bucket_cap_mb)}"
+            )
         return [max(int(cap * MIB), 1) for cap in bucket_cap_mb]
-    if isinstance(bucket_cap_mb, str) or not bucket_cap_mb > 0:
-        raise ConfigError(f"bucket_cap_mb must be > 0 (MiB per bucket), None or 'auto', got {bucket_cap_mb!r}")
+    if not _is_cap(bucket_cap_mb):
+        raise ConfigError(
+            f"bucket_cap_mb must be a finite number > 0 (MiB per bucket), None or 'auto', got {bucket_cap_mb!r}; "
+            "for a single bucket holding every gradient pass a cap larger than the model, e.g. 1e6"
+        )
     cap = max(int(bucket_cap_mb * MIB), 1)
     return [cap, cap]
+
+
+def _is_cap(cap: object) -> bool:
+    return isinstance(cap, (int, float)) and not isinstance(cap, bool) and math.isfinite(cap) and cap > 0
 
 
 def assign_buckets(

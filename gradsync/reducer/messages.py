@@ -79,3 +79,23 @@ def graph_changed(name: str) -> str:
         "static_graph=True it was unused in the first iteration, which stands for every later one. Pass "
         "static_graph=False (with find_unused_parameters=True if some parameters are sometimes unused)."
     )
+
+
+def hook_identity(hook: object, state: object) -> str:
+    """What a rank's comm hook is, comparable across ranks: its qualified name and its state's type."""
+    if hook is None:
+        return "no comm hook (the built-in all-reduce)"
+    target = getattr(hook, "func", hook)  # functools.partial
+    name = f"{getattr(target, '__module__', '?')}.{getattr(target, '__qualname__', type(target).__name__)}"
+    return f"comm hook {name} with state {type(state).__name__}"
+
+
+def hook_mismatch(everyone: Sequence[str], global_rank: Callable[[int], int]) -> str:
+    groups: dict[str, list[int]] = {}
+    for rank, identity in enumerate(everyone):
+        groups.setdefault(identity, []).append(global_rank(rank))
+    listed = "; ".join(f"rank(s) {ranks}: {identity}" for identity, ranks in groups.items())
+    return (
+        f"every rank must reduce gradients the same way, but {listed}. Call register_comm_hook with the same hook "
+        "on every rank (not under `if rank == 0:`), before the first backward."
+    )

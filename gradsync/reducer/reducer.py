@@ -69,6 +69,7 @@ class Reducer:
         self._usage = GlobalUsage(len(self.params), mode, comm, assume_same_everywhere=skip_unused)
         self._comm_hook: CommHook | None = None
         self._comm_state: Any = None
+        self._hook_agreed = False  # every rank reduces with the same hook: checked at the first synced backward
         self._recorder = Recorder()
         self._recorder_attached = False  # whether to poll it from every gradient hook
         self._bucket_reduced: Callable[[AnyBucket], None] | None = None
@@ -201,6 +202,7 @@ class Reducer:
     def shadow_backward(self) -> None:
         """A joined rank: issue this backward's collectives with zeros, exactly as a training rank would."""
         start = time.perf_counter()
+        self._agree_on_hook_once()
         step = BackwardStep(self._context, self.layout, shadow=True)
         step.launch_all_as_shadow()
         step.finish()
@@ -240,6 +242,7 @@ class Reducer:
         """The first gradient of a synced backward: arm the end-of-backward check, then handle it."""
         step = self._step
         assert step is not None
+        self._agree_on_hook_once()
         step.started = time.perf_counter()
         self._rebuild.backward_started(step.started)
         if not step.end_queued:
@@ -298,6 +301,7 @@ class Reducer:
     def _reduce_what_was_learned(self, step: BackwardStep) -> None:
         """static_graph's first backward ended: what fired is used, the rest is unused from now on (this rank's
         graph; the usage all-reduce tells which no rank used)."""
+        self._agree_on_hook_once()
         fired = step.fired or []
         seen = set(fired)
         self._static_unused = [i for i in range(len(self.params)) if i not in seen]
@@ -330,6 +334,21 @@ class Reducer:
             message = messages.unfinished_reduction(torch.distributed.get_rank(), step.missing())
             self._step = None
             raise GradientError(message)
+
+    def _agree_on_hook_once(self) -> None:
+        """Before this reducer's first bucket collective, on every rank: the same comm hook (or none) everywhere.
+
+        A hook registered on some ranks only (``if rank == 0: register_comm_hook(...)``) sends bf16 or compressed
+        buckets against the others' float32 all-reduce, and gloo aborts the process on the size mismatch. One
+        small all-gather, once, names it instead; it is not an all-reduce, so profiles count torch's all-reduces.
+        """
+        if self._hook_agreed:
+            return
+        mine = messages.hook_identity(self._comm_hook, self._comm_state)
+        everyone = self.comm.all_gather_object(Op.HOOK_CHECK, mine)
+        self._hook_agreed = True
+        if len(set(everyone)) > 1:
+            raise ConfigError(messages.hook_mismatch(everyone, self.comm.global_rank))
 
     def _ready_twice_error(self, index: int) -> Exception:
         if self.mode is GraphMode.STATIC and self._static_unused and index in self._static_unused:
