@@ -158,3 +158,30 @@ def test_an_extra_no_sync_micro_batch_on_one_rank_keeps_the_collectives_in_step(
 def test_no_process_group_says_how_to_start_one() -> None:
     with pytest.raises(RuntimeError, match="needs an initialised process group"):
         gradsync.DistributedDataParallel(nn.Linear(2, 2))
+
+
+class _Branchy(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(4, 4), nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor, use_b: bool) -> torch.Tensor:
+        return self.b(self.a(x)) if use_b else self.a(x)
+
+
+def _static_graph_loses_a_parameter(rank: int, world_size: int) -> None:
+    ddp = gradsync.DistributedDataParallel(_Branchy(), static_graph=True)
+    for use_b in (True, True, False):  # used in the first iterations (the rebuild silences hooks), then unused
+        ddp.zero_grad()
+        ddp(torch.randn(2, 4), use_b).sum().backward()
+
+
+@pytest.mark.timeout(60)
+def test_a_static_graph_that_loses_a_parameter_says_so_in_torchs_words() -> None:
+    failures = spawn_failures(_static_graph_loses_a_parameter, timeout=50, pg_timeout=10)
+    assert sorted(failures) == [0, 1]
+    for rank, f in failures.items():
+        assert f.kind == "GradientError" and f"rank {rank}: 2 parameter(s) received no gradient" in f.message
+        assert "b.weight" in f.message and "b.bias" in f.message and "a.weight" not in f.message
+        assert "Expected to have finished reduction in the prior iteration" in f.message
+        assert "this is not compatible with static_graph set to True" in f.message

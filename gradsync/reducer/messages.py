@@ -26,8 +26,15 @@ def no_gradient(rank: int, missing: Sequence[str], mode_hint: str) -> str:
     )
 
 
-def unused_hint(find_unused_parameters: bool) -> str:
+def unused_hint(find_unused_parameters: bool, static_graph: bool = False) -> str:
     """What to do about parameters without a gradient, for the flags in use."""
+    if static_graph:  # torch's words for this case, after its TORCH_PHRASE
+        return (
+            "This error indicates that your training graph has changed in this iteration, e.g., one parameter is "
+            "used in first iteration, but then got unused in the second iteration. this is not compatible with "
+            "static_graph set to True: pass static_graph=False (with find_unused_parameters=True if some "
+            "parameters are sometimes unused)."
+        )
     # torch's phrases ("passing the keyword argument `find_unused_parameters=True`", "`forward` function outputs
     # participate in calculating loss") are kept, so that searches for torch's message find this one.
     if find_unused_parameters:

@@ -296,7 +296,9 @@ class Reducer:
             queue = lambda: torch.autograd.Variable._execution_engine.queue_callback(self._end_of_backward)  # noqa: E731
             self._on_ready = ready.requeue_on_new_graph_task(task, queue, self._on_ready)
         else:
-            step.raise_not_ready(messages.unused_hint(self.mode is GraphMode.FIND_UNUSED))
+            step.raise_not_ready(
+                messages.unused_hint(self.mode is GraphMode.FIND_UNUSED, self.mode is GraphMode.STATIC)
+            )
 
     def _reduce_what_was_learned(self, step: BackwardStep) -> None:
         """static_graph's first backward ended: what fired is used, the rest is unused from now on (this rank's

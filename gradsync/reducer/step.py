@@ -98,10 +98,21 @@ class BackwardStep:
         bucket = self.layout.buckets[k]
         for j in bucket.quiet:  # static_graph: the last-ready hook stood for these
             self.ready[j] = 1
+        if bucket.quiet:
+            self._check_quiet_got_gradients(bucket)
         bucket.gather_small_grads(self._divisor)
         self.ctx.recorder.bucket_ready(k)
         if k == self.next_launch:
             self._launch_ready()
+
+    def _check_quiet_got_gradients(self, bucket: AnyBucket) -> None:
+        """static_graph's silenced hooks cannot say a parameter went unused; a ``.grad`` still None (zero_grad sets
+        it so by default) can, and then the graph changed (torch raises here too, one iteration later)."""
+        lost = [self.ctx.names[j] for j in bucket.quiet if bucket.params[self._slot_of[j]].grad is None]
+        if lost:
+            message = messages.no_gradient(torch.distributed.get_rank(), lost, messages.unused_hint(False, True))
+            post_error(message)
+            raise GradientError(message)
 
     def _launch_ready(self) -> None:
         # Strictly in bucket order: every rank must issue identical collectives in an identical sequence.
