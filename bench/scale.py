@@ -20,6 +20,7 @@ import argparse
 import json
 import math
 import os
+import statistics
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -97,6 +98,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--time-scale", type=float, default=1.0)
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--warmup", type=int, default=14)
+    parser.add_argument("--runs", type=int, default=1, help="runs per point; the table shows their median")
     parser.add_argument("--timeout", type=float, default=900)
     parser.add_argument("--out", default="bench/results/scale")
     args = parser.parse_args(argv)
@@ -109,7 +111,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     points: list[dict] = []
     compute = 1.0
     for ranks in [int(n) for n in args.ranks.split(",")]:
-        result = run_point(args, ranks, folder / f"{args.model}-{args.link}-n{ranks}.json")
+        result = median_of_runs(
+            [run_point(args, ranks, folder / f"{args.model}-{args.link}-n{ranks}.json") for _ in range(args.runs)]
+        )
         if ranks == 1:  # the planner's compute timeline: one rank's measured step, no communication
             compute = result["variants"]["gradsync"]["median_ms"] / (predict(args, link, 1) * 1e3)
         result["predicted_ms"] = predict(args, link, ranks, compute) * 1e3
@@ -126,6 +130,21 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     print(f"wrote {name} and {plot(summary, name.with_suffix('.png'))}")
     return 0
+
+
+def median_of_runs(results: list[dict]) -> dict:
+    """One point from several runs: each variant's median step over the runs' medians, the runs kept beside it."""
+    merged = dict(results[-1], variants={})
+    for name in results[0]["variants"]:
+        runs = [r["variants"][name] for r in results]
+        merged["variants"][name] = dict(
+            runs[-1],
+            median_ms=statistics.median(v["median_ms"] for v in runs),
+            runs_ms=[v["median_ms"] for v in runs],
+            cpu_s_per_step=max(v["cpu_s_per_step"] for v in runs),
+            averages_ok=all(v["averages_ok"] for v in runs),
+        )
+    return merged
 
 
 def _medians(result: dict) -> dict:

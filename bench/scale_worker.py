@@ -34,6 +34,7 @@ def _variants(args: argparse.Namespace, rank: int) -> dict:
 
 def _step(ddp: torch.nn.Module, x: torch.Tensor) -> tuple[float, float]:
     """Wall and CPU seconds of one step (forward, backward with its averaging)."""
+    ddp.zero_grad(set_to_none=True)  # untimed; each step's gradients are then its own average, checked at the end
     wall, cpu = time.perf_counter(), time.process_time()
     ddp(x).backward()
     return time.perf_counter() - wall, time.process_time() - cpu
