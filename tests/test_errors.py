@@ -185,3 +185,20 @@ def test_a_static_graph_that_loses_a_parameter_says_so_in_torchs_words() -> None
         assert "b.weight" in f.message and "b.bias" in f.message and "a.weight" not in f.message
         assert "Expected to have finished reduction in the prior iteration" in f.message
         assert "this is not compatible with static_graph set to True" in f.message
+
+
+def _skips_a_backward(rank: int, world_size: int) -> None:
+    torch.manual_seed(0)
+    ddp = gradsync.DistributedDataParallel(nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4), nn.Linear(4, 1)))
+    for step in range(3):
+        loss = ddp(torch.randn(8, 4)).sum()
+        if rank == 1 and step == 1:
+            continue  # a rank-dependent skip: rank 1's next forward broadcasts while rank 0 all-reduces
+        loss.backward()
+
+
+@pytest.mark.timeout(90)
+def test_ranks_out_of_step_without_debug_are_called_so_with_the_way_to_find_where() -> None:
+    failures = spawn_failures(_skips_a_backward, timeout=80, pg_timeout=10)
+    said = " ".join(f.message for f in failures.values())
+    assert "the ranks are out of step" in said and "GRADSYNC_DEBUG=1" in said

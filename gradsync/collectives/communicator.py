@@ -253,7 +253,7 @@ class Communicator:
             post_error(message)
             # Said at once: a launcher may stop this process during the wait for the peers' reports below.
             print(f"gradsync: {message}", file=sys.stderr, flush=True)
-            raise CollectiveError(message + describe_peer_errors(grace=2.0)) from exc
+            raise CollectiveError(message + describe_peer_errors(grace=2.0, collective=text)) from exc
 
     def _device(self, tensor: torch.Tensor | None) -> torch.device:
         if tensor is not None:

@@ -50,10 +50,11 @@ def peer_errors() -> dict[int, str] | None:
     return found
 
 
-def describe_peer_errors(grace: float = 0.0) -> str:
+def describe_peer_errors(grace: float = 0.0, collective: str | None = None) -> str:
     """Lines to append to an error message: what the other ranks reported and, after waiting up to ``grace``
     seconds for their reports, which ranks said nothing. Those never reached the failed collective (stuck before
-    it, or dead): usually the ones to look at."""
+    it, or dead): usually the ones to look at. ``collective``: what this rank was in; a peer that failed in another
+    one means the ranks were out of step."""
     deadline = time.monotonic() + grace
     errors = peer_errors()
     while errors is not None and len(errors) < dist.get_world_size() - 1 and time.monotonic() < deadline:
@@ -62,10 +63,18 @@ def describe_peer_errors(grace: float = 0.0) -> str:
     if errors is None:
         return "\n  (the other ranks' reports are unreachable: the store lives with rank 0)"
     text = "".join(f"\n  rank {rank} reported: {msg}" for rank, msg in sorted(errors.items()))
+    elsewhere = sorted(r for r, msg in errors.items() if collective and not msg.startswith(collective + " failed"))
+    if elsewhere and "failed on rank" in " ".join(errors[r] for r in elsewhere):
+        text += (
+            f"\n  rank(s) {elsewhere} failed in another collective than this rank: the ranks are out of step (one "
+            "skipped or added a forward or backward, or took a data-dependent no_sync). Rerun with "
+            "GRADSYNC_DEBUG=1 to name the first collective where they part."
+        )
     silent = [r for r in range(dist.get_world_size()) if r != dist.get_rank() and r not in errors]
     if grace and silent:
         text += (
             f"\n  rank(s) {silent} reported nothing within {grace:.0f}s: they never reached this collective "
-            "(stuck before it: a hang, slow data loading, an error swallowed elsewhere) or died."
+            "(stuck before it: a hang, slow data loading, an error swallowed elsewhere), died, or finished "
+            "training early: with a different number of batches per rank, train inside `with ddp.join():`."
         )
     return text
