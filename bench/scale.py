@@ -160,6 +160,7 @@ def _summarise(args: argparse.Namespace, link: planner.Topology, points: list[di
             row[f"{name}_ms"] = v["median_ms"]
             row[f"{name}_efficiency"] = base[name] / v["median_ms"]
             row[f"{name}_averages_ok"] = v["averages_ok"]
+            row[f"{name}_runs_ms"] = v.get("runs_ms", [v["median_ms"]])
         rows.append(row)
     return {
         "model": args.model,
@@ -171,18 +172,26 @@ def _summarise(args: argparse.Namespace, link: planner.Topology, points: list[di
     }
 
 
+LABELS = {"torch": "torch", "gradsync": "gradsync default", "gradsync_fixed": "gradsync, torch's settings"}
+
+
 def markdown(summary: dict) -> str:
+    rows = summary["rows"]
+    names = [n for n in ("torch", "gradsync", "gradsync_fixed") if f"{n}_ms" in rows[0]]
     lines = [
-        "| N | torch ms | gradsync ms | E torch | E gradsync | predicted ms | predicted / gradsync | CPU busy |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| | " + " | ".join(f"N = {r['ranks']}" for r in rows) + " |",
+        "|---|" + "---:|" * len(rows),
     ]
-    for r in summary["rows"]:
-        flag = " (saturated)" if r["cpu_busy"] > CPU_BUSY else ""
-        lines.append(
-            f"| {r['ranks']} | {r['torch_ms']:.0f} | {r['gradsync_ms']:.0f} | {r['torch_efficiency']:.3f} | "
-            f"{r['gradsync_efficiency']:.3f} | {r['predicted_ms']:.0f} | {r['predicted_ms'] / r['gradsync_ms']:.3f} | "
-            f"{r['cpu_busy']:.0%}{flag} |"
-        )
+    for n in names:
+        cells = [f"{r[f'{n}_ms']:.0f} ({r[f'{n}_efficiency']:.3f})" for r in rows]
+        runs = max(len(r.get(f"{n}_runs_ms", [])) for r in rows)
+        lines.append(f"| {LABELS[n]} ms (E){f', median of {runs}' if runs > 1 else ''} | " + " | ".join(cells) + " |")
+    predicted = [f"{r['predicted_ms']:.0f} ({r['predicted_ms'] / r['gradsync_ms']:.2f})" for r in rows]
+    lines.append("| predicted ms (/ gradsync) | " + " | ".join(predicted) + " |")
+    busy = [f"{r['cpu_busy']:.0%}{', saturated' if r['cpu_busy'] > CPU_BUSY else ''}" for r in rows]
+    lines.append("| CPU busy | " + " | ".join(busy) + " |")
+    ok = all(r.get(f"{n}_averages_ok", True) for r in rows for n in names)
+    lines.append(f"\nGradients equal to the exact average on every rank at every point: {'yes' if ok else 'NO'}.")
     return "\n".join(lines)
 
 

@@ -17,7 +17,9 @@ def plot(summary: dict, out: Path) -> Path | None:
     rows = summary["rows"]
     ranks = [r["ranks"] for r in rows]
     fig, (eff, step) = plt.subplots(1, 2, figsize=(11, 4.2))
-    for name, style in (("torch", "o-"), ("gradsync", "s-")):
+    for name, style in (("torch", "o-"), ("gradsync", "s-"), ("gradsync_fixed", "^:")):
+        if f"{name}_ms" not in rows[0]:
+            continue
         eff.plot(ranks, [r[f"{name}_efficiency"] for r in rows], style, label=f"{name} (measured)")
         step.plot(ranks, [r[f"{name}_ms"] for r in rows], style, label=name)
     base = rows[0]["predicted_ms"]

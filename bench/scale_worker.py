@@ -18,6 +18,8 @@ import torch.distributed as dist
 import gradsync
 from bench.synthetic import SyntheticModel
 
+SAME_SETTINGS = "gradsync_fixed"  # gradsync at torch's settings (its caps, no tuning); "gradsync" is the default
+
 
 def _variants(args: argparse.Namespace, rank: int) -> dict:
     out = {}
@@ -27,6 +29,10 @@ def _variants(args: argparse.Namespace, rank: int) -> dict:
         model.value = float(rank + 1)  # the average of 1..N is known: (N + 1) / 2
         if name == "torch":
             out[name] = torch.nn.parallel.DistributedDataParallel(model)
+        elif name == SAME_SETTINGS:  # torch's bucket layout, no tuner: the same settings as torch's DDP
+            os.environ["GRADSYNC_BUCKET_TUNING"] = "0"
+            out[name] = gradsync.DistributedDataParallel(model)
+            del os.environ["GRADSYNC_BUCKET_TUNING"]
         else:
             out[name] = gradsync.DistributedDataParallel(model)
     return out
@@ -49,7 +55,7 @@ def main() -> None:
         ("--time-scale", float, 1.0),
         ("--steps", int, 12),
         ("--warmup", int, 14),
-        ("--variants", str, "torch,gradsync"),
+        ("--variants", str, f"torch,gradsync,{SAME_SETTINGS}"),
         ("--out", str, ""),
     ):
         parser.add_argument(name, type=kind, default=default)
