@@ -297,3 +297,212 @@ def test_a_parameter_unfrozen_after_wrapping_is_refused() -> None:
     failures = spawn_failures(_unfreeze_after_wrapping, world_size=2, timeout=60)
     assert all(f.kind == "ConfigError" and "'0.weight'" in f.message for f in failures.values())
     assert sorted(failures) == [0, 1]
+
+
+# ------------------------------------------------------------------ the sweep's "vague" findings, made clear
+@pytest.fixture
+def group_of_one():
+    """A process group of one in this process: enough for constructors that check their arguments."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def test_checkpoint_load_blames_map_location_not_the_file(tmp_path: Path) -> None:
+    checkpoint.save(tmp_path / "ok.pt", step=1)
+    with pytest.raises(ConfigError, match="map_location='gpu0'") as info:
+        checkpoint.load(tmp_path / "ok.pt", map_location="gpu0")
+    assert "truncated" not in str(info.value) and "damaged" not in str(info.value)
+
+
+def test_checkpoint_save_names_the_value_that_cannot_be_pickled(tmp_path: Path) -> None:
+    with pytest.raises(CheckpointError, match="my_callback") as info:
+        checkpoint.save(tmp_path / "ckpt.pt", step=1, my_callback=lambda: 0)
+    assert "cannot be pickled" in str(info.value)
+    assert not list(tmp_path.iterdir())  # no temporary file left
+
+
+def test_checkpoint_save_unwritable_path_is_not_called_a_full_disk() -> None:
+    with pytest.raises(CheckpointError, match="cannot write '/proc/ckpt.pt'") as info:
+        checkpoint.save("/proc/ckpt.pt", step=1)
+    assert "no space" not in str(info.value)
+
+
+def test_checkpoint_restore_of_a_path_says_to_load_it_first(tmp_path: Path) -> None:
+    checkpoint.save(tmp_path / "ok.pt", step=1)
+    with pytest.raises(ConfigError, match=r"checkpoint\.load\(path\)"):
+        checkpoint.restore(str(tmp_path / "ok.pt"), model=nn.Linear(2, 2))
+
+
+def test_sampler_and_loader_name_an_epoch_or_state_of_the_wrong_kind() -> None:
+    sampler = gradsync.DistributedSampler(list(range(10)), num_replicas=2, rank=0)
+    with pytest.raises(ConfigError, match="set_epoch: epoch must be an int"):
+        sampler.set_epoch("1")
+    with pytest.raises(ConfigError, match=r"DistributedSampler\.load_state_dict: expected the dict"):
+        sampler.load_state_dict("ckpt.pt")
+    loader = gradsync.DistributedLoader(list(range(8)), batch_size=2, num_replicas=2, rank=0)
+    with pytest.raises(ConfigError, match=r"DistributedLoader\.load_state_dict: expected the dict"):
+        loader.load_state_dict("ckpt.pt")
+    with pytest.raises(ConfigError, match="epoch must be an int"):
+        loader.set_epoch(1.5)
+
+
+def _init_with(monkeypatch: pytest.MonkeyPatch, **env: str) -> None:
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    gradsync.init(timeout=2)
+
+
+@pytest.mark.parametrize("port", ["abc", "99999"])
+def test_bad_master_port_is_named(monkeypatch: pytest.MonkeyPatch, port: str) -> None:
+    with pytest.raises(ConfigError, match=f"MASTER_PORT='{port}' is not a TCP port"):
+        _init_with(monkeypatch, RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
+
+
+def test_unresolvable_master_addr_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(ConfigError, match="MASTER_ADDR='no-such-host.invalid' cannot be resolved"):
+        _init_with(monkeypatch, RANK="0", WORLD_SIZE="1", MASTER_ADDR="no-such-host.invalid", MASTER_PORT="29555")
+
+
+@pytest.mark.timeout(30)
+def test_a_rank_that_never_starts_is_counted_against_world_size(monkeypatch: pytest.MonkeyPatch) -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = str(probe.getsockname()[1])
+    with pytest.raises(CollectiveError, match=r"only 1 of 2 ranks \(WORLD_SIZE=2\) joined") as info:
+        _init_with(monkeypatch, RANK="0", WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
+    assert "1 never arrived" in str(info.value)
+
+
+def test_init_names_a_bad_timeout_and_backend() -> None:
+    with pytest.raises(ConfigError, match=r"init\(timeout=-1\): the timeout must be > 0"):
+        gradsync.init(timeout=-1)
+    with pytest.raises(ConfigError, match=r"init\(backend='glooo'\): unknown backend; use one of \['gloo'"):
+        gradsync.init(backend="glooo")
+
+
+def test_slurm_variables_are_named_as_slurm_sets_them() -> None:
+    with pytest.raises(ConfigError, match="SLURM_PROCID='abc' is not an integer"):
+        discover({"SLURM_PROCID": "abc", "SLURM_NTASKS": "2", "SLURM_JOB_NODELIST": "localhost"})
+    with pytest.raises(ConfigError, match=r"SLURM_JOB_NODELIST='gpu\[a-b\]' is not a SLURM node list"):
+        discover({"SLURM_PROCID": "0", "SLURM_NTASKS": "1", "SLURM_JOB_NODELIST": "gpu[a-b]"})
+
+
+def test_local_sgd_and_diloco_name_arguments_of_the_wrong_kind(group_of_one: None) -> None:
+    from gradsync.comm import DiLoCo, PostLocalSGD
+
+    with pytest.raises(ConfigError, match="PostLocalSGD attaches to a gradsync.DistributedDataParallel"):
+        PostLocalSGD(nn.Linear(2, 2), period=4)
+    ddp = gradsync.DistributedDataParallel(nn.Linear(2, 2))
+    with pytest.raises(ConfigError, match=r"PostLocalSGD: period .* must be an int >= 1, got str '4'"):
+        PostLocalSGD(ddp, period="4")
+    with pytest.raises(ConfigError, match=r"DiLoCo: period .* must be an int >= 1, got float 2.0"):
+        DiLoCo(ddp, period=2.0)
+    with pytest.raises(ConfigError, match="DiLoCo: outer_lr must be a number >= 0, got str '0.7'"):
+        DiLoCo(ddp, period=2, outer_lr="0.7")
+
+
+def _cli_here(capsys: pytest.CaptureFixture[str], *args: str) -> str:
+    """``gradsync ARGS`` in this process (the checks run before anything starts): its one line of stderr."""
+    from gradsync.cli import main
+
+    assert main(list(args)) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    return err
+
+
+@pytest.mark.parametrize(
+    "flags,words",
+    [
+        (["--nproc-per-node", "abc"], "--nproc-per-node abc: give the number of workers"),
+        (["--nnodes", "two"], "--nnodes two: give the number of nodes"),
+        (["--nnodes", "3:2"], "with 1 <= MIN <= MAX"),
+        (["--max-restarts", "-1"], "--max-restarts -1: give how many times"),
+        (["--rdzv-endpoint", "localhost:notaport"], "--rdzv-endpoint localhost:notaport: The port number"),
+    ],
+)
+def test_run_refuses_bad_flags_in_one_line(capsys: pytest.CaptureFixture[str], flags: list[str], words: str) -> None:
+    assert words in _cli_here(capsys, "run", *flags, "train.py")
+
+
+def _trace(tmp_path: Path, steps: int) -> Path:
+    from gradsync.observe.recorder import StepRecord
+    from gradsync.observe.trace import write_chrome_trace
+
+    records = [
+        StepRecord(1.0 + s, 1.01 + s, 1.011 + s, 1.05 + s, 1.06 + s, 1.07 + s, 1.08 + s, []) for s in range(steps)
+    ]
+    path = tmp_path / "trace.json"
+    write_chrome_trace({0: records, 1: records}, path)
+    return path
+
+
+def test_report_refuses_an_empty_trace_a_missing_step_and_an_unwritable_out(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert "holds no steps" in _cli_here(capsys, "report", str(_trace(tmp_path, 0)))
+    trace = _trace(tmp_path, 3)
+    assert "--step 99: the trace holds 3 step(s)" in _cli_here(capsys, "report", str(trace), "--step", "99")
+    err = _cli_here(capsys, "report", str(trace), "--out", "/proc/nope/plot.png")
+    assert "cannot write the plot '/proc/nope/plot.png'" in err
+
+
+def test_launcher_summary_names_the_first_failed_rank_and_its_error(tmp_path: Path) -> None:
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
+
+    from gradsync.runtime.launch import failure_report
+
+    for local_rank, lines in (
+        (0, ["waiting"]),
+        (1, ["[rank1]: Traceback (most recent call last):", "[rank1]: ValueError: boom"]),
+    ):
+        log = tmp_path / "run" / "attempt_0" / str(local_rank) / "stderr.log"
+        log.parent.mkdir(parents=True)
+        log.write_text("\n".join(lines) + "\n")
+    failures = {1: ProcessFailure(1, 11, 1, "none"), 0: ProcessFailure(0, 10, -15, "none")}
+    failures[0].timestamp = failures[1].timestamp + 1
+    report = failure_report(ChildFailedError("train.py", failures), str(tmp_path), 0)
+    assert report.splitlines()[0].startswith("gradsync run: rank 1 failed first: ValueError: boom (exit code 1)")
+
+
+def test_wrappers_name_a_model_that_is_not_ddp_and_a_module_that_is_not_one() -> None:
+    from gradsync.observe import Monitor
+    from gradsync.optim import OverlappedOptimizer
+
+    for make, who in (
+        (lambda: Monitor(nn.Linear(2, 2)), "Monitor"),
+        (lambda: OverlappedOptimizer(nn.Linear(2, 2), torch.optim.SGD, lr=0.1), "OverlappedOptimizer"),
+    ):
+        with pytest.raises(ConfigError, match=f"{who} attaches to a gradsync.DistributedDataParallel, got torch"):
+            make()
+    with pytest.raises(ConfigError, match="convert_sync_batchnorm expects a torch.nn.Module"):
+        gradsync.SyncBatchNorm.convert_sync_batchnorm("model")
+
+
+def test_sharded_optimizer_names_optimizer_class_of_the_wrong_kind() -> None:
+    params = list(nn.Linear(2, 2).parameters())
+    with pytest.raises(ConfigError, match="optimizer_class must be an optimizer class .* got str 'adam'"):
+        gradsync.ShardedOptimizer(params, "adam", lr=0.1)
+    with pytest.raises(ConfigError, match="optimizer_class must be an optimizer class, got an instance of SGD"):
+        gradsync.ShardedOptimizer(params, torch.optim.SGD(params, lr=0.1), lr=0.1)
+
+
+def _uneven_under_ddp_join_only(rank: int, world_size: int) -> None:
+    ddp = gradsync.DistributedDataParallel(nn.Linear(4, 2))
+    opt = gradsync.ShardedOptimizer(ddp.parameters(), torch.optim.SGD, lr=0.1)
+    with ddp.join():
+        for _ in range(3 if rank == 0 else 2):
+            opt.zero_grad()
+            ddp(torch.randn(2, 4)).sum().backward()
+            opt.step()
+
+
+@pytest.mark.timeout(60)
+def test_sharded_optimizer_left_out_of_join_says_to_join_it_too() -> None:
+    failures = spawn_failures(_uneven_under_ddp_join_only, timeout=50, pg_timeout=4)
+    assert failures[0].kind == "CollectiveError" and "Join([ddp, optimizer])" in failures[0].message

@@ -331,24 +331,57 @@ def gradsync_cli(args: Sequence[str], timeout: float = 30.0, **kwargs: Any) -> s
     return run_command([sys.executable, "-m", "gradsync", *args], timeout, **kwargs)
 
 
+# A traceback that follows another one of the same chain begins after one of these lines.
+_CHAINED = ("The above exception was the direct cause", "During handling of the above exception")
+
+
+def _tracebacks(stderr: str) -> list[str]:
+    """Every traceback printed on ``stderr``, a chain of them (``raise ... from``) counted as one."""
+    chains, current = [], ""
+    for block in stderr.split("Traceback (most recent call last)")[1:]:
+        current += block
+        if not any(marker in block for marker in _CHAINED):
+            chains.append(current)
+            current = ""
+    return chains + ([current] if current else [])
+
+
+def _summary(stderr: str, start: str) -> tuple[str, list[str]]:
+    lines = stderr.splitlines()
+    begins = [k for k, line in enumerate(lines) if line.startswith(start)]
+    if not begins:
+        return stderr.strip()[-4000:], [f"no final summary (a line starting {start!r})"]
+    return "\n".join(lines[begins[-1] :])[-4000:], []
+
+
 def refused(
     proc: subprocess.CompletedProcess,
     code: int | None = 2,
     one_line: bool = False,
     traceback_ok: bool = False,
     must_contain: Sequence[str] = (),
+    user_script: str | None = None,
+    summary_from: str | None = None,
 ) -> subprocess.CompletedProcess:
     """Judge a command expected to fail: a signal is a crash; exit 0 returns ``proc`` (the case's check decides);
     otherwise raise :class:`Refused` with its stderr, noting a traceback, several lines where one was due, an exit
-    code other than ``code``, or a missing ``must_contain`` text (keywords known only at run time)."""
+    code other than ``code``, or a missing ``must_contain`` text (keywords known only at run time).
+
+    ``user_script``: the user's own error is shown as torchrun shows it, so a traceback through that script is
+    fine; any other is the tool's. ``summary_from``: the message (which the case's keywords must be found in) is
+    only the command's final summary, stderr from the last line starting with this text."""
     if proc.returncode < 0:
         raise Crash(f"killed by {signal.Signals(-proc.returncode).name}; stderr tail: {proc.stderr[-1500:]}")
     if proc.returncode == 0:
         return proc
     text = (proc.stderr.strip() or proc.stdout.strip())[-4000:]
     problems = []
-    if "Traceback (most recent call last)" in proc.stderr and not traceback_ok:
-        problems.append("printed a Python traceback")
+    if summary_from is not None:
+        text, missing_summary = _summary(proc.stderr, summary_from)
+        problems += missing_summary
+    foreign = [t for t in _tracebacks(proc.stderr) if user_script is None or f'File "{user_script}"' not in t]
+    if foreign and not traceback_ok:
+        problems.append("printed a Python traceback" + (" not through the user's script" if user_script else ""))
     if code is not None and proc.returncode != code:
         problems.append(f"exit code {proc.returncode}, expected {code}")
     lines = [line for line in proc.stderr.strip().splitlines() if line.strip()]

@@ -18,7 +18,7 @@ from gradsync.collectives.communicator import Communicator, Op
 from gradsync.comm.grad_bucket import GradBucket
 from gradsync.comm.local_sgd import allreduce_unless_local
 from gradsync.comm.quantized import QuantizedState, dequantize, quantize
-from gradsync.errors import ConfigError
+from gradsync.errors import ConfigError, require_ddp, require_int, require_number
 
 
 class DiLoCo:
@@ -43,8 +43,11 @@ class DiLoCo:
         warmup_steps: int = 0,
         compression: str | None = None,
     ) -> None:
-        if period < 1 or warmup_steps < 0:
-            raise ConfigError(f"DiLoCo: period must be >= 1 and warmup_steps >= 0, got {period}, {warmup_steps}")
+        require_ddp("DiLoCo", ddp)
+        period = require_int("DiLoCo", "period (inner steps between outer steps)", period, 1)
+        warmup_steps = require_int("DiLoCo", "warmup_steps", warmup_steps, 0)
+        outer_lr = require_number("DiLoCo", "outer_lr", outer_lr, 0.0)
+        momentum = require_number("DiLoCo", "momentum", momentum, 0.0)
         if compression not in (None, "bf16", "int8"):
             raise ConfigError(f"DiLoCo: compression must be None, 'bf16' or 'int8', got {compression!r}")
         self.ddp = ddp

@@ -17,7 +17,7 @@ from gradsync.collectives.communicator import Communicator, Op
 from gradsync.collectives.tensors import average_tensors
 from gradsync.comm.default_hooks import allreduce_hook
 from gradsync.comm.grad_bucket import GradBucket
-from gradsync.errors import ConfigError
+from gradsync.errors import require_ddp, require_int
 
 
 class PostLocalSGD:
@@ -32,13 +32,10 @@ class PostLocalSGD:
     """
 
     def __init__(self, ddp: Any, period: int, warmup_steps: int = 0) -> None:
-        if period < 1:
-            raise ConfigError(f"PostLocalSGD: period must be >= 1 step, got {period}")
-        if warmup_steps < 0:
-            raise ConfigError(f"PostLocalSGD: warmup_steps must be >= 0, got {warmup_steps}")
+        require_ddp("PostLocalSGD", ddp)
+        self.period = require_int("PostLocalSGD", "period (optimizer steps between averages)", period, 1)
+        self.warmup_steps = require_int("PostLocalSGD", "warmup_steps", warmup_steps, 0)
         self.ddp = ddp
-        self.period = period
-        self.warmup_steps = warmup_steps
         self.step_count = 0
         ddp.register_comm_hook(None, self._hook)
 

@@ -12,7 +12,7 @@ from typing import Any, cast
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from gradsync.data.sampler import DistributedSampler
+from gradsync.data.sampler import DistributedSampler, check_state
 from gradsync.errors import ConfigError
 
 
@@ -61,9 +61,10 @@ class DistributedLoader:
         self._batches = 0
 
     def set_epoch(self, epoch: int) -> None:
-        if epoch != self.sampler.epoch:
+        previous = self.sampler.epoch
+        self.sampler.set_epoch(epoch)  # first: it refuses an epoch that is not an int
+        if self.sampler.epoch != previous:
             self._start = self._batches = 0
-        self.sampler.set_epoch(epoch)
 
     def __iter__(self) -> Iterator[Any]:
         self._start, self._batches = self.sampler.resume_position, 0  # now, not at the first next()
@@ -85,5 +86,6 @@ class DistributedLoader:
         return self.sampler.state_dict(samples_consumed=consumed)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        check_state(state, "DistributedLoader")
         self.sampler.load_state_dict(state)
         self._start, self._batches = self.sampler.resume_position, 0

@@ -9,7 +9,8 @@ restart without replaying or skipping samples.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Sized
+import operator
+from collections.abc import Iterator, Mapping, Sized
 from typing import Any
 
 import torch
@@ -26,6 +27,16 @@ def _check_dataset(dataset: object) -> None:
         raise ConfigError(
             f"DistributedSampler needs a map-style dataset (one with a length), got {type(dataset).__name__} "
             f"{dataset!r:.40}; an IterableDataset must be sharded by the dataset itself."
+        )
+
+
+def check_state(state: object, owner: str) -> None:
+    """A path or a whole checkpoint passed where the sampler's own state dict belongs is named, not indexed into."""
+    if not isinstance(state, Mapping):
+        raise ConfigError(
+            f"{owner}.load_state_dict: expected the dict that {owner}.state_dict() returned, got "
+            f"{type(state).__name__} {state!r:.60}. From a checkpoint file, pass the entry saved for it "
+            "(load_state_dict(checkpoint.load(path)['loader'])) or use checkpoint.restore(checkpoint.load(path), ...)."
         )
 
 
@@ -125,6 +136,13 @@ class DistributedSampler(Sampler[int]):
 
     def set_epoch(self, epoch: int) -> None:
         """Reshuffle for ``epoch`` (call before each epoch, as with torch's sampler)."""
+        try:
+            epoch = operator.index(epoch)
+        except TypeError:
+            raise ConfigError(
+                f"DistributedSampler.set_epoch: epoch must be an int (it seeds the shuffle), got "
+                f"{type(epoch).__name__} {epoch!r}; pass the loop's epoch counter, e.g. set_epoch(epoch)."
+            ) from None
         if epoch != self.epoch:
             self._resume_at = 0  # a saved position belongs to the epoch it was saved in
             self._yielded = 0
@@ -150,6 +168,7 @@ class DistributedSampler(Sampler[int]):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from ``state``: the next iteration yields the rest of that epoch."""
+        check_state(state, "DistributedSampler")
         expected = {
             "dataset_len": len(self.dataset),
             "num_replicas": self.num_replicas,

@@ -74,6 +74,11 @@ class SyncBatchNorm(nn.modules.batchnorm._BatchNorm):
     def convert_sync_batchnorm(cls, module: nn.Module, process_group: dist.ProcessGroup | None = None) -> nn.Module:
         """``module`` with every ``BatchNorm1d/2d/3d`` replaced by a SyncBatchNorm holding the same parameters,
         statistics and mode (torch's ``convert_sync_batchnorm``)."""
+        if not isinstance(module, nn.Module):
+            raise ConfigError(
+                f"SyncBatchNorm.convert_sync_batchnorm expects a torch.nn.Module (the model to convert), got "
+                f"{type(module).__name__} {module!r:.40}; pass the model object itself."
+            )
         if isinstance(module, nn.modules.batchnorm._BatchNorm) and not isinstance(module, cls):
             return _converted(cls, module, process_group)
         for name, child in list(module.named_children()):

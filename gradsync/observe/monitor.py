@@ -12,6 +12,7 @@ import torch
 import torch.distributed as dist
 
 from gradsync.collectives.communicator import Op
+from gradsync.errors import require_ddp
 from gradsync.observe.breakdown import StepBreakdown, median_breakdown
 from gradsync.observe.recorder import StepRecord, StepRecorder
 from gradsync.observe.trace import write_chrome_trace
@@ -30,6 +31,7 @@ class Monitor:
     """
 
     def __init__(self, ddp: Any, optimizer: torch.optim.Optimizer | None = None, max_steps: int = 10_000) -> None:
+        require_ddp("Monitor", ddp)
         self.ddp = ddp
         self.recorder = StepRecorder(max_steps)
         ddp.attach_recorder(self.recorder)

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from rich.console import Console
 
+from gradsync.errors import ConfigError
 from gradsync.observe.breakdown import median_breakdown
 from gradsync.observe.recorder import StepRecord
 from gradsync.observe.table import summary_table
@@ -35,6 +36,8 @@ def _draw_timeline(axes, per_rank: dict[int, list[StepRecord]], step: int) -> No
     ranks = sorted(per_rank)
     origin = min(steps[step].forward_start for steps in per_rank.values() if steps)
     for y, rank in enumerate(ranks):
+        if not per_rank[rank]:
+            continue  # a rank that recorded nothing keeps its empty row
         s = per_rank[rank][step]
         spans = [
             (s.forward_start, s.forward_end, "tab:blue"),
@@ -79,11 +82,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--step", type=int, default=-1, help="which step's timeline to draw (default: last)")
     args = parser.parse_args(argv)
     per_rank = read_steps(args.trace)
-    if not any(per_rank.values()):
-        print(f"gradsync report: {args.trace} holds no steps")
-        return 1
+    _check_step(per_rank, args.trace, args.step)
     Console().print(summary_table(per_rank))
     out = args.out or args.trace.with_suffix(".png")
-    plot(per_rank, out, args.step)
+    try:
+        plot(per_rank, out, args.step)
+    except OSError as exc:
+        raise ConfigError(
+            f"cannot write the plot '{out}': {exc.strerror or exc}; pass --out a path you can write."
+        ) from None
     print(f"wrote {out}")
     return 0
+
+
+def _check_step(per_rank: dict[int, list[StepRecord]], trace: Path, step: int) -> None:
+    """The trace holds steps, and every rank holds step ``step`` (each rank's timeline is drawn for it)."""
+    if not any(per_rank.values()):
+        raise ConfigError(
+            f"'{trace}' holds no steps: the run exported its trace before any training step completed with the "
+            "Monitor attached. Export it after training (Monitor.export_chrome_trace)."
+        )
+    count = min(len(steps) for steps in per_rank.values() if steps)
+    if not -count <= step < count:
+        raise ConfigError(
+            f"--step {step}: the trace holds {count} step(s) on each rank; give 0 to {count - 1}, or -1 (the last)."
+        )

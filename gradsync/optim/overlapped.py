@@ -15,8 +15,8 @@ from typing import Any
 import torch
 from torch.optim import Optimizer
 
-from gradsync.errors import ConfigError
-from gradsync.optim.sharded import state_bytes
+from gradsync.errors import ConfigError, require_ddp
+from gradsync.optim.sharded import require_optimizer_class, state_bytes
 from gradsync.reducer.buckets import AnyBucket
 
 
@@ -35,6 +35,8 @@ class OverlappedOptimizer(Optimizer):
     """
 
     def __init__(self, ddp: Any, optimizer_class: type[Optimizer], **defaults: Any) -> None:
+        require_ddp("OverlappedOptimizer", ddp)
+        require_optimizer_class("OverlappedOptimizer", optimizer_class)
         reducer = ddp.reducer
         params = list(reducer.params)
         super().__init__(params, defaults)

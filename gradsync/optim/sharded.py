@@ -19,7 +19,14 @@ from torch.optim import Optimizer
 from gradsync import settings
 from gradsync.collectives.communicator import Communicator, Op
 from gradsync.collectives.tensors import all_gather_shards
-from gradsync.errors import ConfigError
+from gradsync.errors import CollectiveError, ConfigError
+
+# The usual reason a rank never reaches the all-gather: uneven inputs under a Join that does not include us.
+_JOIN_HINT = (
+    "\n  If the ranks have different numbers of batches under ddp.join(): ddp.join() does not cover this "
+    "optimizer, so the ranks that ran out skip its all-gather. Use Join([ddp, optimizer]) "
+    "(torch.distributed.algorithms.join.Join) instead."
+)
 
 
 def state_bytes(states: Iterable[dict[str, Any]]) -> int:
@@ -42,6 +49,21 @@ def partition(sizes: list[int], world_size: int) -> list[int]:
     return owner
 
 
+def require_optimizer_class(where: str, optimizer_class: object) -> None:
+    """The class is called once per shard (or parameter): an instance or a name fails there, far from the cause."""
+    if isinstance(optimizer_class, Optimizer):
+        raise ConfigError(
+            f"{where}: optimizer_class must be an optimizer class, got an instance of "
+            f"{type(optimizer_class).__name__}. Pass the class itself and its arguments as keywords: "
+            f"optimizer_class={type(optimizer_class).__name__}, lr=..."
+        )
+    if not callable(optimizer_class):
+        raise ConfigError(
+            f"{where}: optimizer_class must be an optimizer class such as torch.optim.AdamW, got "
+            f"{type(optimizer_class).__name__} {optimizer_class!r:.40}."
+        )
+
+
 class ShardedOptimizer(Optimizer, Joinable):
     """An optimizer whose state lives on one rank per parameter. Use it exactly like ``optimizer_class``.
 
@@ -62,6 +84,7 @@ class ShardedOptimizer(Optimizer, Joinable):
         process_group: dist.ProcessGroup | None = None,
         **defaults: Any,
     ) -> None:
+        require_optimizer_class("ShardedOptimizer", optimizer_class)
         super().__init__(params, defaults)
         Joinable.__init__(self)
         self._comm = Communicator(process_group, check_desync=settings.debug())
@@ -142,7 +165,12 @@ class ShardedOptimizer(Optimizer, Joinable):
             for mine, full in zip(self.local.param_groups, self.param_groups):
                 mine.update(_hyper(full))  # learning-rate schedulers edit self.param_groups
             self.local.step()
-        self.gather_shards()
+        try:
+            self.gather_shards()
+        except CollectiveError as error:
+            if self._join_config.enable:
+                raise
+            raise CollectiveError(error.message + _JOIN_HINT) from error
         return loss
 
     def local_state_bytes(self) -> int:

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import errno
 import os
+import pickle
 import random
+import re
 import shutil
 from collections.abc import Mapping
 from pathlib import Path
@@ -20,7 +22,8 @@ import torch
 import torch.distributed as dist
 
 from gradsync.collectives.communicator import Communicator, Op
-from gradsync.errors import CheckpointError
+from gradsync.collectives.peer_errors import post_error
+from gradsync.errors import CheckpointError, ConfigError
 
 # Every rank must call save: the ones that arrive wait this long for the others before failing by name.
 ARRIVAL_SECONDS = 60.0
@@ -52,11 +55,11 @@ def set_rng_state(state: Mapping[str, Any]) -> None:
 def atomic_torch_save(obj: Any, path: str | os.PathLike) -> None:
     """``torch.save`` to a temporary file beside ``path``, fsync, then rename over ``path``."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    for stale in path.parent.glob(f".{path.name}.tmp-*"):  # left by a save that was killed mid-write
-        stale.unlink(missing_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        for stale in path.parent.glob(f".{path.name}.tmp-*"):  # left by a save that was killed mid-write
+            stale.unlink(missing_ok=True)
         with open(tmp, "wb") as fh:
             torch.save(obj, fh)
             fh.flush()
@@ -74,15 +77,39 @@ def atomic_torch_save(obj: Any, path: str | os.PathLike) -> None:
         os.close(dir_fd)
 
 
+# What to do about the usual reasons a file cannot be created (the OS's own words say what happened).
+_WRITE_HINTS = {
+    errno.EACCES: "you may not create files in that directory: save elsewhere or fix its permissions",
+    errno.EPERM: "you may not create files in that directory: save elsewhere or fix its permissions",
+    errno.EROFS: "that file system is read-only: save to a writable one",
+    errno.ENOENT: "that directory cannot hold new files (missing, or a virtual file system such as /proc)",
+    errno.ENOTDIR: "a part of the path is a file, not a directory",
+    errno.EISDIR: "the path is a directory: give a file name inside it",
+}
+
+
 def _write_failed(path: Path, exc: BaseException) -> str:
-    # torch.save reports a full disk from C++ ("unexpected pos ..."): name it by checking the space left.
-    free = shutil.disk_usage(path.parent).free
-    if getattr(exc, "errno", None) == errno.ENOSPC or free < 1 << 20:
+    code = getattr(exc, "errno", None)
+    # torch.save reports a full disk from C++ ("unexpected pos ...", no errno): name it by checking the space left.
+    free = _free_bytes(path.parent)
+    if code == errno.ENOSPC or (code is None and free is not None and free < 1 << 20):
         return (
-            f"no space left on the device to write '{path}' ({free / 2**20:.1f} MiB free). The previous "
+            f"no space left on the device to write '{path}' ({(free or 0) / 2**20:.1f} MiB free). The previous "
             "checkpoint, if any, is intact. Free space or save elsewhere."
         )
+    if code in _WRITE_HINTS:
+        return (
+            f"cannot write '{path}': {os.strerror(code)} ({errno.errorcode[code]}); {_WRITE_HINTS[code]}. The "
+            "previous checkpoint, if any, is intact."
+        )
     return f"writing '{path}' failed ({type(exc).__name__}: {exc}). The previous checkpoint, if any, is intact."
+
+
+def _free_bytes(directory: Path) -> int | None:
+    try:
+        return shutil.disk_usage(directory).free
+    except OSError:  # the directory does not exist (or cannot be read): nothing to say about space
+        return None
 
 
 def save(path: str | os.PathLike, process_group: dist.ProcessGroup | None = None, **state: Any) -> None:
@@ -107,19 +134,63 @@ def save(path: str | os.PathLike, process_group: dist.ProcessGroup | None = None
     rngs = comm.all_gather_object(Op.CHECKPOINT_RNG, rng_state()) if comm is not None else [rng_state()]
     payload[_RNG_KEY], payload[_KINDS_KEY] = rngs, kinds
     if comm is None or comm.rank == 0:
-        atomic_torch_save(payload, path)
+        _write(payload, Path(path))
     if comm is not None:
         comm.barrier(Op.CHECKPOINT_BARRIER)  # nobody moves on (or exits) before the file is in place
 
 
+def _write(payload: dict[str, Any], path: Path) -> None:
+    """Rank 0's write; a failure is also posted for the other ranks, which are waiting in the barrier."""
+    try:
+        try:
+            atomic_torch_save(payload, path)
+        except (pickle.PicklingError, TypeError, AttributeError) as exc:
+            key = _unpicklable_key(payload)
+            if key is None:
+                raise
+            raise CheckpointError(
+                f"checkpoint.save: the value passed as {key}= cannot be pickled ({type(exc).__name__}: {exc}). "
+                f"Save data only (tensors, numbers, strings, lists and dicts of them): leave {key} out of the "
+                "checkpoint, or save what it holds instead of the object itself."
+            ) from exc
+    except CheckpointError as error:
+        post_error(str(error))
+        raise
+
+
+def _unpicklable_key(payload: dict[str, Any]) -> str | None:
+    """The first entry of ``payload`` that pickle refuses (only looked for once the whole save failed)."""
+    for key, value in payload.items():
+        try:
+            _Probe(_Discard()).dump(value)
+        except Exception:
+            return key
+    return None
+
+
+class _Probe(pickle.Pickler):
+    """Pickles everything but tensors' data, which torch.save writes itself (and which can be gigabytes)."""
+
+    def persistent_id(self, obj: Any) -> int | None:
+        return id(obj) if isinstance(obj, (torch.Tensor, torch.UntypedStorage, torch.TypedStorage)) else None
+
+
+class _Discard:
+    def write(self, data: bytes) -> int:
+        return len(data)
+
+
 def load(path: str | os.PathLike, map_location: str | torch.device | None = None) -> dict[str, Any]:
     """Read a checkpoint written by :func:`save` (onto ``map_location``, default CPU); pass it to :func:`restore`."""
+    _check_map_location(map_location)
     if not Path(path).exists():
         raise FileNotFoundError(f"gradsync.checkpoint.load: no checkpoint at '{path}'")
     try:
         # weights_only=False: the payload holds numpy and Python RNG states; load only checkpoints you wrote.
         payload = torch.load(path, map_location=map_location or "cpu", weights_only=False)
     except Exception as exc:
+        if _LOCATION_ERRORS.search(str(exc)):
+            raise ConfigError(_bad_location(map_location, exc)) from exc
         raise CheckpointError(_unreadable(Path(path), exc)) from exc
     if not isinstance(payload, dict) or _KINDS_KEY not in payload:
         raise CheckpointError(
@@ -127,6 +198,26 @@ def load(path: str | os.PathLike, map_location: str | torch.device | None = None
             "gradsync.checkpoint.save, or read it with torch.load."
         )
     return payload
+
+
+# torch's words when the file is fine but the device it is mapped onto is not (unknown, or absent here).
+_LOCATION_ERRORS = re.compile(r"restore data location|deserialize object on")
+
+
+def _check_map_location(map_location: Any) -> None:
+    if not isinstance(map_location, str):
+        return  # a torch.device, a dict or a callable: torch.load checks those
+    try:
+        torch.device(map_location)
+    except RuntimeError as exc:
+        raise ConfigError(_bad_location(map_location, exc)) from None
+
+
+def _bad_location(map_location: Any, exc: Exception) -> str:
+    return (
+        f"checkpoint.load: map_location={map_location!r} cannot be used ({exc}). Pass a device that exists here: "
+        "'cpu', 'cuda', 'cuda:0', a torch.device, or None (CPU)."
+    )
 
 
 def _unreadable(path: Path, exc: Exception) -> str:
@@ -149,6 +240,11 @@ def restore(checkpoint: Mapping[str, Any], restore_rng: bool = True, **targets: 
     >>> extras = checkpoint.restore(ckpt, model=ddp, optimizer=opt, loader=loader)
     >>> start_step = extras["step"]  # doctest: +SKIP
     """
+    if not isinstance(checkpoint, Mapping):
+        raise ConfigError(
+            f"checkpoint.restore: expected what checkpoint.load(path) returns, got {type(checkpoint).__name__} "
+            f"{checkpoint!r:.80}. Load the file first: checkpoint.restore(checkpoint.load(path), model=...)."
+        )
     kinds = checkpoint.get(_KINDS_KEY, {})
     for key, target in targets.items():
         if key not in checkpoint:

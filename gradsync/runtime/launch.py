@@ -15,13 +15,16 @@ from __future__ import annotations
 import argparse
 import glob
 import os
+import re
 import socket
 import sys
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+import torch
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
+from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
 from torch.distributed.launcher.api import elastic_launch
 from torch.distributed.run import config_from_args, get_args_parser
 
@@ -53,9 +56,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def _prepare(argv: Sequence[str]):
     args = _parser().parse_args(list(argv))
-    if args.watchdog is not None and args.watchdog <= 0:
-        raise ConfigError(f"--watchdog {args.watchdog}: give the seconds without progress to allow, > 0.")
-    _check_nproc(args.nproc_per_node)
+    _check_flags(args)
     if args.standalone:
         args.rdzv_backend, args.rdzv_endpoint = "c10d", "localhost:0"
     elif args.rdzv_backend == "static":
@@ -82,9 +83,41 @@ def _prepare(argv: Sequence[str]):
     return args
 
 
+def _check_flags(args: argparse.Namespace) -> None:
+    """torchrun parses these flags only once it starts, with a traceback; refuse a bad one by name here."""
+    if args.watchdog is not None and args.watchdog <= 0:
+        raise ConfigError(f"--watchdog {args.watchdog}: give the seconds without progress to allow, > 0.")
+    _check_nproc(args.nproc_per_node)
+    _check_nnodes(args.nnodes)
+    if args.max_restarts < 0:
+        raise ConfigError(f"--max-restarts {args.max_restarts}: give how many times to restart the job, >= 0.")
+    if args.rdzv_endpoint:
+        try:
+            parse_rendezvous_endpoint(args.rdzv_endpoint, default_port=29400)
+        except ValueError as exc:
+            raise ConfigError(
+                f"--rdzv-endpoint {args.rdzv_endpoint}: {exc} Give HOST:PORT, e.g. node0:29400."
+            ) from None
+
+
 def _check_nproc(value: str) -> None:
-    if value.lstrip("-").isdigit() and int(value) < 1:
-        raise ConfigError(f"--nproc-per-node {value}: start at least 1 worker per node (or auto, cpu, gpu).")
+    if value.lstrip("-").isdigit():
+        if int(value) < 1:
+            raise ConfigError(f"--nproc-per-node {value}: start at least 1 worker per node (or auto, cpu, gpu).")
+    elif value not in ("auto", "cpu", "gpu", "xpu", torch._C._get_privateuse1_backend_name()):
+        raise ConfigError(
+            f"--nproc-per-node {value}: give the number of workers per node (e.g. 2), or auto, cpu or gpu (one per "
+            "CPU core or GPU)."
+        )
+
+
+def _check_nnodes(value: str) -> None:
+    parts = value.split(":")
+    if len(parts) > 2 or not all(p.isdigit() for p in parts) or not 1 <= int(parts[0]) <= int(parts[-1]):
+        raise ConfigError(
+            f"--nnodes {value}: give the number of nodes (e.g. 2), or MIN:MAX for an elastic job (e.g. 1:4), "
+            "with 1 <= MIN <= MAX."
+        )
 
 
 def _check_endpoint_port(endpoint: str, local_addr: str | None) -> None:
@@ -117,20 +150,44 @@ def _stderr_tail(log_dir: str, local_rank: int) -> list[str]:
 
 
 def failure_report(error: ChildFailedError, log_dir: str, max_restarts: int) -> str:
-    """Which ranks failed, how (exit code or signal), and the end of their stderr."""
+    """Which rank failed first and with what error, then every failed rank: how (exit code or signal), and the end
+    of its stderr."""
     host = os.uname().nodename
-    lines = [f"gradsync run: the job failed after {max_restarts} restart(s) allowed (--max-restarts)."]
-    first_rank, _ = error.get_first_failure()
+    first_rank, first = error.get_first_failure()
+    tails = {rank: _stderr_tail(log_dir, f.local_rank) for rank, f in error.failures.items()}
+    raised = _exception_line(tails[first_rank])
+    lines = [
+        f"gradsync run: rank {first_rank} failed first{': ' + raised if raised else ''} ({_how(first)}); the job "
+        f"stopped after {max_restarts} restart(s) allowed (--max-restarts)."
+    ]
     for rank, failure in sorted(error.failures.items()):
-        how = f"killed by {failure.signal_name()}" if failure.exitcode < 0 else f"exit code {failure.exitcode}"
-        first = " <- failed first" if rank == first_rank else ""
-        lines.append(f"  rank {rank} (local rank {failure.local_rank} on {host}, pid {failure.pid}): {how}{first}")
-        tail = _stderr_tail(log_dir, failure.local_rank)
-        if tail:
+        mark = " <- failed first" if rank == first_rank else ""
+        lines.append(
+            f"  rank {rank} (local rank {failure.local_rank} on {host}, pid {failure.pid}): {_how(failure)}{mark}"
+        )
+        if tails[rank]:
             lines.append("    last lines of its stderr:")
-            lines.extend(f"      {line}" for line in tail)
+            lines.extend(f"      {line}" for line in tails[rank])
     lines.append(f"  The other workers were stopped. All logs: {log_dir}")
     return "\n".join(lines)
+
+
+def _how(failure: ProcessFailure) -> str:
+    return f"killed by {failure.signal_name()}" if failure.exitcode < 0 else f"exit code {failure.exitcode}"
+
+
+# A worker's stderr lines carry torch elastic's "[rankN]: " prefix; an exception's last line is not indented.
+_RANK_PREFIX = re.compile(r"^\[rank\d+\]: ?")
+_EXCEPTION = re.compile(r"^(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception|Exit|Interrupt)(?::.*)?$")
+
+
+def _exception_line(tail: list[str]) -> str | None:
+    """The last ``SomeError: message`` line of a worker's stderr: what the user's script raised."""
+    for line in reversed(tail):
+        text = _RANK_PREFIX.sub("", line)
+        if _EXCEPTION.match(text):
+            return text.strip()
+    return None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -141,6 +198,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.elastic:
         from gradsync.runtime.elastic_launch import run_elastic
 
+        args.nproc_per_node = str(config.nproc_per_node)  # "auto", "cpu", "gpu" resolved as torchrun does
         return run_elastic(args, cmd if isinstance(cmd, str) else sys.executable, list(cmd_args))
     dog = _start_watchdog(args.watchdog, args.log_dir) if args.watchdog else None
     try:

@@ -179,12 +179,15 @@ def _():
 @case(
     "run_worker_raises",
     CAT,
-    "gradsync run --nproc-per-node 2, rank 1 raises ValueError('boom ...')",
+    "gradsync run --nproc-per-node 2, rank 1 raises ValueError('boom ...'): its traceback is shown (torchrun's "
+    "way), and the launcher's final summary names rank 1 and the error",
     ["rank 1", "boom: bad shard on rank 1"],
     timeout=60,
 )
 def _():
-    return _ran(_run(["--nproc-per-node", "2", str(_script(RANK1_RAISES))], timeout=50, code=None))
+    script = _script(RANK1_RAISES)
+    judge = {"code": None, "user_script": str(script), "summary_from": "gradsync run: "}
+    return _ran(_run(["--nproc-per-node", "2", str(script)], timeout=50, **judge))
 
 
 @case(
