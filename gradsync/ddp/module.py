@@ -23,6 +23,7 @@ from gradsync import settings
 from gradsync.collectives.communicator import Communicator, Op
 from gradsync.collectives.tensors import broadcast_tensors
 from gradsync.ddp.buffers import BufferSync
+from gradsync.ddp.join import NamedJoin
 from gradsync.ddp.replicas import broadcast_initial_state, verify_same_model
 from gradsync.ddp.tree import iter_tensors, map_tensors, replace_tensors
 from gradsync.errors import ConfigError
@@ -307,7 +308,7 @@ class DistributedDataParallel(nn.Module, Joinable):
         ...     for x, y in my_uneven_shard:
         ...         opt.zero_grad(); loss_fn(ddp(x), y).backward(); opt.step()  # doctest: +SKIP
         """
-        return Join(
+        return NamedJoin(
             [self], enable, throw_on_early_termination, divide_by_initial_world_size=divide_by_initial_world_size
         )
 
