@@ -7,9 +7,6 @@ itself, and each subclass says which kind of failure it is. Errors about a bad a
 
 from __future__ import annotations
 
-import math
-import numbers
-
 
 class GradsyncError(RuntimeError):
     """Base class of every error gradsync raises itself; ``str(error)`` starts with ``"gradsync: "``.
@@ -52,33 +49,3 @@ class ConfigError(GradsyncError, ValueError):
 
 class CheckpointError(GradsyncError):
     """A checkpoint could not be written or read; the message names the file and what is wrong with it."""
-
-
-def require_int(where: str, name: str, value: object, minimum: int) -> int:
-    """``value`` if it is an int >= ``minimum``, else a :class:`ConfigError` naming ``where``'s argument ``name``.
-
-    A bool, a float or a numeric string is refused rather than converted: ``period='4'`` is a mistake to name.
-    """
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
-        raise ConfigError(f"{where}: {name} must be an int >= {minimum}, got {type(value).__name__} {value!r}")
-    return int(value)
-
-
-def require_number(where: str, name: str, value: object, minimum: float) -> float:
-    """``value`` if it is a finite real number >= ``minimum``, else a :class:`ConfigError` naming ``name``."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not minimum <= float(value) < math.inf:
-        raise ConfigError(f"{where}: {name} must be a number >= {minimum:g}, got {type(value).__name__} {value!r}")
-    return float(value)
-
-
-def require_ddp(where: str, ddp: object) -> None:
-    """A :class:`ConfigError` unless ``ddp`` is gradsync's DistributedDataParallel (what ``where`` attaches to)."""
-    from gradsync.ddp.module import DistributedDataParallel  # here: gradsync.ddp imports this module
-
-    if isinstance(ddp, DistributedDataParallel):
-        return
-    kind = f"{type(ddp).__module__}.{type(ddp).__qualname__}"
-    raise ConfigError(
-        f"{where} attaches to a gradsync.DistributedDataParallel, got {kind}: wrap the model first "
-        "(ddp = gradsync.DistributedDataParallel(model)) and pass ddp."
-    )

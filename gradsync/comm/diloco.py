@@ -18,7 +18,8 @@ from gradsync.collectives.communicator import Communicator, Op
 from gradsync.comm.grad_bucket import GradBucket
 from gradsync.comm.local_sgd import allreduce_unless_local
 from gradsync.comm.quantized import QuantizedState, dequantize, quantize
-from gradsync.errors import ConfigError, require_ddp, require_int, require_number
+from gradsync.errors import ConfigError
+from gradsync.validate import require_ddp, require_int, require_number
 
 
 class DiLoCo:

@@ -17,7 +17,7 @@ from gradsync.collectives.communicator import Communicator, Op
 from gradsync.collectives.tensors import average_tensors
 from gradsync.comm.default_hooks import allreduce_hook
 from gradsync.comm.grad_bucket import GradBucket
-from gradsync.errors import require_ddp, require_int
+from gradsync.validate import require_ddp, require_int
 
 
 class PostLocalSGD:

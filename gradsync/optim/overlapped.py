@@ -15,9 +15,10 @@ from typing import Any
 import torch
 from torch.optim import Optimizer
 
-from gradsync.errors import ConfigError, require_ddp
+from gradsync.errors import ConfigError
 from gradsync.optim.sharded import require_optimizer_class, state_bytes
 from gradsync.reducer.buckets import AnyBucket
+from gradsync.validate import require_ddp
 
 
 class OverlappedOptimizer(Optimizer):
