@@ -3,6 +3,7 @@ within the process-group timeout — never a hang."""
 
 from __future__ import annotations
 
+import os
 import time
 
 import pytest
@@ -202,3 +203,20 @@ def test_ranks_out_of_step_without_debug_are_called_so_with_the_way_to_find_wher
     failures = spawn_failures(_skips_a_backward, timeout=80, pg_timeout=10)
     said = " ".join(f.message for f in failures.values())
     assert "the ranks are out of step" in said and "GRADSYNC_DEBUG=1" in said
+
+
+def _skips_a_whole_step(rank: int, world_size: int) -> None:
+    os.environ["GRADSYNC_DEBUG"] = "1"
+    torch.manual_seed(0)
+    ddp = gradsync.DistributedDataParallel(nn.Linear(4, 1))
+    for step in range(4):
+        if rank == 1 and step == 1:
+            continue  # no forward, no backward: to the other ranks, indistinguishable from the next step
+        ddp(torch.randn(8, 4)).sum().backward()
+
+
+@pytest.mark.timeout(90)
+def test_a_skipped_step_under_debug_is_named_by_how_far_each_rank_got() -> None:
+    failures = spawn_failures(_skips_a_whole_step, timeout=80, pg_timeout=10)
+    assert list(failures) == [0]  # rank 1 finished its 3 steps; rank 0 waits in its 4th
+    assert "rank 1 at synced step 3, this rank at step 4" in failures[0].message

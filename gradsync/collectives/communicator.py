@@ -29,7 +29,7 @@ import torch.distributed as dist
 from gradsync import settings
 from gradsync.collectives import desync
 from gradsync.collectives.groups import resolve
-from gradsync.collectives.peer_errors import describe_peer_errors, post_error
+from gradsync.collectives.peer_errors import describe_peer_errors, post_error, post_step
 from gradsync.errors import CollectiveError, GradsyncError
 
 
@@ -92,6 +92,8 @@ class Communicator:
     def begin_step(self) -> None:
         """A new synced step starts (every rank calls this at the same point, joined ranks' shadows included)."""
         self.step += 1
+        if self.check_desync:
+            post_step(self.step)
 
     @property
     def group(self) -> dist.ProcessGroup:
@@ -253,7 +255,8 @@ class Communicator:
             post_error(message)
             # Said at once: a launcher may stop this process during the wait for the peers' reports below.
             print(f"gradsync: {message}", file=sys.stderr, flush=True)
-            raise CollectiveError(message + describe_peer_errors(grace=2.0, collective=text)) from exc
+            step = self.step if self.check_desync else None
+            raise CollectiveError(message + describe_peer_errors(grace=2.0, collective=text, step=step)) from exc
 
     def _device(self, tensor: torch.Tensor | None) -> torch.device:
         if tensor is not None:

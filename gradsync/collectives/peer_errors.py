@@ -13,6 +13,7 @@ import time
 import torch.distributed as dist
 
 _PREFIX = "gradsync/error/"
+_STEP_PREFIX = "gradsync/step/"
 
 
 def _store() -> dist.Store | None:
@@ -33,6 +34,33 @@ def post_error(message: str) -> None:
         pass
 
 
+def post_step(step: int) -> None:
+    """Record the synced step this rank is in (GRADSYNC_DEBUG), so that a rank's error can say how far a silent
+    peer got: each rank numbers its own steps, so a skipped step shows only as a peer that stopped one step short."""
+    store = _store()
+    if store is None:
+        return
+    try:
+        store.set(f"{_STEP_PREFIX}{dist.get_rank()}", str(step))
+    except Exception:
+        pass
+
+
+def _steps_of(ranks: list[int]) -> dict[int, int]:
+    store = _store()
+    found: dict[int, int] = {}
+    if store is None:
+        return found
+    try:
+        for rank in ranks:
+            key = f"{_STEP_PREFIX}{rank}"
+            if store.check([key]):
+                found[rank] = int(store.get(key))
+    except Exception:
+        pass
+    return found
+
+
 def peer_errors() -> dict[int, str] | None:
     """The failures other ranks have posted so far, by global rank; None if the store cannot be reached (it lives
     with rank 0, which may be the rank that died)."""
@@ -50,11 +78,12 @@ def peer_errors() -> dict[int, str] | None:
     return found
 
 
-def describe_peer_errors(grace: float = 0.0, collective: str | None = None) -> str:
+def describe_peer_errors(grace: float = 0.0, collective: str | None = None, step: int | None = None) -> str:
     """Lines to append to an error message: what the other ranks reported and, after waiting up to ``grace``
     seconds for their reports, which ranks said nothing. Those never reached the failed collective (stuck before
     it, or dead): usually the ones to look at. ``collective``: what this rank was in; a peer that failed in another
-    one means the ranks were out of step."""
+    one means the ranks were out of step. ``step``: this rank's synced step, when steps are posted (GRADSYNC_DEBUG);
+    a silent peer that posted another one stopped short or ran ahead."""
     deadline = time.monotonic() + grace
     errors = peer_errors()
     while errors is not None and len(errors) < dist.get_world_size() - 1 and time.monotonic() < deadline:
@@ -76,5 +105,12 @@ def describe_peer_errors(grace: float = 0.0, collective: str | None = None) -> s
             f"\n  rank(s) {silent} reported nothing within {grace:.0f}s: they never reached this collective "
             "(stuck before it: a hang, slow data loading, an error swallowed elsewhere), died, or finished "
             "training early: with a different number of batches per rank, train inside `with ddp.join():`."
+        )
+    behind = {r: k for r, k in _steps_of(silent).items() if step is not None and k != step} if grace else {}
+    if behind:
+        listed = ", ".join(f"rank {r} at synced step {k}" for r, k in sorted(behind.items()))
+        text += (
+            f"\n  {listed}, this rank at step {step}: the ranks ran different numbers of synced steps (a step "
+            "skipped on some ranks, or fewer batches there)."
         )
     return text
