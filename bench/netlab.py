@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import signal
 import subprocess
+import sys
+import threading
 from collections.abc import Iterator
 
 SUBNET = "10.77.0"
@@ -69,8 +72,26 @@ def remove(prefix: str) -> None:
 def lab(
     hosts: int = 2, rate: str | None = "1gbit", delay: str | None = None, prefix: str = "gsnet"
 ) -> Iterator[list[Host]]:
-    """Create ``hosts`` namespaces on one shaped bridge; yield them; remove everything afterwards."""
+    """Create ``hosts`` namespaces on one shaped bridge; yield them; remove everything afterwards (also when the
+    process is stopped with SIGTERM, which would otherwise skip the cleanup)."""
     remove(prefix)
+    with _sigterm_exits():
+        yield from _lab(hosts, rate, delay, prefix)
+
+
+@contextlib.contextmanager
+def _sigterm_exits() -> Iterator[None]:
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _lab(hosts: int, rate: str | None, delay: str | None, prefix: str) -> Iterator[list[Host]]:
     switch = f"{prefix}-sw"
     made: list[Host] = []
     try:

@@ -28,8 +28,10 @@ from pathlib import Path
 
 from bench import netlab
 from bench.ranks import wait_ranks
+from bench.scale_worker import torch_caps
 from bench.synthetic import PROFILES_S, SyntheticModel
 from gradsync import planner
+from gradsync.reducer.buckets import MIB
 
 ROOT = Path(__file__).resolve().parents[1]
 CORES = os.cpu_count() or 1
@@ -69,9 +71,12 @@ def calibrate(args: argparse.Namespace) -> planner.Topology:
     return planner.Topology(1, args.ranks_per_host, bytes_per_s, latency_s / 2, local_bandwidth=2e9, local_latency=1e-4)
 
 
-def predict(args: argparse.Namespace, link: planner.Topology, ranks: int, compute: float = 1.0) -> float:
-    """The planner's step for ``ranks``; ``compute`` stretches the prescribed layer times to what one rank measured
-    (sleeps and autograd overhead run longer than prescribed), as a timeline recorded by Monitor would."""
+def predict(
+    args: argparse.Namespace, link: planner.Topology, ranks: int, compute: float = 1.0, limits: list[int] | None = None
+) -> float:
+    """The planner's step for ``ranks`` with bucket ``limits`` (bytes; default torch's caps, scaled as the lab runs
+    them); ``compute`` stretches the prescribed layer times to what one rank measured (sleeps and autograd overhead
+    run longer than prescribed), as a timeline recorded by Monitor would."""
     model = SyntheticModel(args.model, scale=args.scale, layers=args.layers, time_scale=args.time_scale)
     layers = []
     start = 0
@@ -83,7 +88,8 @@ def predict(args: argparse.Namespace, link: planner.Topology, ranks: int, comput
     hosts = max(1, math.ceil(ranks / args.ranks_per_host))
     per_host = min(ranks, args.ranks_per_host)
     topology = planner.Topology(hosts, per_host, link.bandwidth, link.latency, link.local_bandwidth, link.local_latency)
-    return planner.predict_step(timeline, topology, 25.0)
+    limits = limits or [int(cap * MIB) for cap in torch_caps(args.scale)]
+    return planner.predict_step(timeline, topology, 25.0, limits=limits)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -117,6 +123,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if ranks == 1:  # the planner's compute timeline: one rank's measured step, no communication
             compute = result["variants"]["gradsync"]["median_ms"] / (predict(args, link, 1) * 1e3)
         result["predicted_ms"] = predict(args, link, ranks, compute) * 1e3
+        # The default's layout is the tuner's choice, known after the run: priced too, with those caps.
+        chosen = result["variants"]["gradsync"].get("limits")
+        result["predicted_default_ms"] = predict(args, link, ranks, compute, chosen) * 1e3
         result["cpu_busy"] = max(
             v["cpu_s_per_step"] / (v["median_ms"] / 1e3) / CORES for v in result["variants"].values()
         )
@@ -156,6 +165,7 @@ def _summarise(args: argparse.Namespace, link: planner.Topology, points: list[di
     rows = []
     for p in points:
         row = {"ranks": p["ranks"], "predicted_ms": p["predicted_ms"], "cpu_busy": p["cpu_busy"]}
+        row["predicted_default_ms"] = p.get("predicted_default_ms", p["predicted_ms"])
         for name, v in p["variants"].items():
             row[f"{name}_ms"] = v["median_ms"]
             row[f"{name}_efficiency"] = base[name] / v["median_ms"]
@@ -190,6 +200,11 @@ def markdown(summary: dict) -> str:
     same = "gradsync_fixed" if "gradsync_fixed" in names else "gradsync"
     predicted = [f"{r['predicted_ms']:.0f} ({r['predicted_ms'] / r[f'{same}_ms']:.2f})" for r in rows]
     lines.append(f"| predicted ms (/ {LABELS[same]}) | " + " | ".join(predicted) + " |")
+    if same != "gradsync":
+        default = [
+            f"{r['predicted_default_ms']:.0f} ({r['predicted_default_ms'] / r['gradsync_ms']:.2f})" for r in rows
+        ]
+        lines.append("| predicted ms with the tuner's caps (/ gradsync default) | " + " | ".join(default) + " |")
     busy = [f"{r['cpu_busy']:.0%}{', saturated' if r['cpu_busy'] > CPU_BUSY else ''}" for r in rows]
     lines.append("| CPU busy | " + " | ".join(busy) + " |")
     ok = all(r.get(f"{n}_averages_ok", True) for r in rows for n in names)

@@ -28,14 +28,26 @@ def _variants(args: argparse.Namespace, rank: int) -> dict:
         model = SyntheticModel(args.model, scale=args.scale, layers=args.layers, time_scale=args.time_scale)
         model.value = float(rank + 1)  # the average of 1..N is known: (N + 1) / 2
         if name == "torch":
-            out[name] = torch.nn.parallel.DistributedDataParallel(model)
+            out[name] = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb_list=torch_caps(args.scale))
         elif name == SAME_SETTINGS:  # torch's bucket layout, no tuner: the same settings as torch's DDP
-            os.environ["GRADSYNC_BUCKET_TUNING"] = "0"
-            out[name] = gradsync.DistributedDataParallel(model)
-            del os.environ["GRADSYNC_BUCKET_TUNING"]
-        else:
+            out[name] = gradsync.DistributedDataParallel(model, bucket_cap_mb_list=torch_caps(args.scale))
+        else:  # what a user gets: torch's caps in iteration 1, then the tuner's choice once measured faster
             out[name] = gradsync.DistributedDataParallel(model)
     return out
+
+
+def torch_caps(scale: float) -> list[float]:
+    """torch's default caps (a 1 MiB first bucket, then 25 MiB) divided like the bytes, so that the scaled model
+    has as many buckets as the real one: unscaled, ResNet-50/64 would fit in two and overlap far less."""
+    return [1.0 / scale, 25.0 / scale]
+
+
+def _limits(ddp: torch.nn.Module, scale: float) -> list[int]:
+    """The bucket caps (bytes: first bucket, the others) a variant ended with."""
+    tuning = getattr(getattr(ddp, "reducer", None), "tuning", None)
+    if tuning is not None:
+        return list(tuning.size_limits)
+    return [int(cap * 2**20) for cap in torch_caps(scale)]
 
 
 def _step(ddp: torch.nn.Module, x: torch.Tensor) -> tuple[float, float]:
@@ -98,6 +110,7 @@ def _summary(args: argparse.Namespace, everyone: list, variants: dict) -> dict:
             "cpu_s_per_step": statistics.median(cpu),  # all ranks together
             "averages_ok": all(r["averages_ok"][name] for r in everyone),
             "tuning": tuning.describe() if tuning is not None else None,
+            "limits": _limits(ddp, args.scale),
         }
     result["grad_bytes"] = next(iter(variants.values())).module.grad_bytes
     return result

@@ -94,12 +94,22 @@ class Prediction:
     options: dict[str, float] = field(default_factory=dict)  # option -> predicted step (s)
 
 
-def predict_step(timeline: Timeline, topology: Topology, cap_mb: float, scale_bytes: float = 1.0) -> float:
-    """Seconds per step: forward + the later of backward's end and the last all-reduce's end + optimizer."""
+def predict_step(
+    timeline: Timeline,
+    topology: Topology,
+    cap_mb: float,
+    scale_bytes: float = 1.0,
+    limits: Sequence[int] | None = None,
+) -> float:
+    """Seconds per step: forward + the later of backward's end and the last all-reduce's end + optimizer.
+
+    Buckets of ``cap_mb`` after a first one of at most 1 MiB (torch's default layout), or exactly ``limits`` (bytes:
+    the first bucket's cap, then the others', as torch's ``bucket_cap_mb_list``)."""
     if topology.ranks == 1:
         return timeline.forward_s + timeline.backward_s + timeline.optimizer_s
     tensors = [torch.empty(max(1, int(b * scale_bytes)), dtype=torch.uint8, device="meta") for b in timeline.grad_bytes]
-    limits = [min(int(cap_mb * MIB), MIB), int(cap_mb * MIB)]
+    if limits is None:
+        limits = [min(int(cap_mb * MIB), MIB), int(cap_mb * MIB)]
     order = list(range(len(tensors)))
     end = autotune.predict_finish(tensors, order, timeline.ready_s, limits, topology.link())
     return timeline.forward_s + max(end, timeline.backward_s) + timeline.optimizer_s
