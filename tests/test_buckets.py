@@ -72,8 +72,8 @@ def test_size_limits_default_explicit_and_auto() -> None:
     assert size_limits(None) == [mib, 25 * mib]  # torch's default: small first bucket
     assert size_limits("auto") == [mib, 25 * mib]  # iteration 1 of the tuner starts from torch's default
     assert size_limits(4) == [4 * mib, 4 * mib]  # an explicit cap applies to the first bucket too, as in torch
-    for bad in (0, -1, "fast"):
-        with pytest.raises(ValueError, match="bucket_cap_mb must be > 0"):
+    for bad in (0, -1, "fast", float("nan"), float("inf"), True):
+        with pytest.raises(ValueError, match="bucket_cap_mb must be a finite number > 0"):
             size_limits(bad)
 
 

@@ -61,6 +61,7 @@ def test_dead_peer_fails_every_survivor_with_the_operation_named() -> None:
 
 def _peer_hangs(rank: int, world_size: int) -> tuple[float, str]:
     ddp = gradsync.DistributedDataParallel(nn.Linear(8, 1))
+    ddp(torch.randn(4, 8)).sum().backward()  # the first backward also compares the comm hooks: hang in the second
     loss = ddp(torch.randn(4, 8)).sum()
     if rank == 1:
         time.sleep(30)  # stuck (a deadlock, a stalled data loader) while rank 0 waits in the all-reduce
