@@ -110,9 +110,7 @@ class BackwardStep:
         it so by default) can, and then the graph changed (torch raises here too, one iteration later)."""
         lost = [self.ctx.names[j] for j in bucket.quiet if bucket.params[self._slot_of[j]].grad is None]
         if lost:
-            message = messages.no_gradient(torch.distributed.get_rank(), lost, messages.unused_hint(False, True))
-            post_error(message)
-            raise GradientError(message)
+            _raise_no_gradient(lost, messages.unused_hint(False, True))
 
     def _launch_ready(self) -> None:
         # Strictly in bucket order: every rank must issue identical collectives in an identical sequence.
@@ -195,9 +193,14 @@ class BackwardStep:
 
     def raise_not_ready(self, hint: str) -> None:
         """The backward ended with gradients missing: name them on every rank (posted for the others) and stop."""
-        message = messages.no_gradient(torch.distributed.get_rank(), self.missing(), hint)
-        post_error(message)
-        raise GradientError(message)
+        _raise_no_gradient(self.missing(), hint)
+
+
+def _raise_no_gradient(names: list[str], hint: str) -> None:
+    """Name the parameters without a gradient on every rank (posted for the others) and stop."""
+    message = messages.no_gradient(torch.distributed.get_rank(), names, hint)
+    post_error(message)
+    raise GradientError(message)
 
 
 def _ignore(_bucket: AnyBucket) -> None:
