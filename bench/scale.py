@@ -10,8 +10,8 @@ and talk to each other locally. Compute is sleeping (bench/synthetic.py), so man
 point records the CPU all ranks used per step, and a point whose ranks used more than ``CPU_BUSY`` of the machine
 is flagged: there, waiting for a core may be what was measured.
 
-E(N) = step(1) / step(N). The planner's predictions use the link as measured by a probe at N = 2 (per-hop
-bandwidth and latency), not the nominal rate.
+E(N) = step(1) / step(N). The planner's predictions use the link as measured by all-reduces on 4 ranks over 2
+hosts (bench/scale_probe.py: per-hop bandwidth and latency), not the nominal rate.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from pathlib import Path
 
 from bench import netlab
 from bench.ranks import wait_ranks
-from bench.scale_worker import torch_caps
+from bench.scale_worker import VARIANTS, torch_caps
 from bench.synthetic import PROFILES_S, SyntheticModel
 from gradsync import planner
 from gradsync.reducer.buckets import MIB
@@ -55,6 +55,7 @@ def run_point(args: argparse.Namespace, ranks: int, out: Path) -> dict:
             env.update(MASTER_PORT="29511", GLOO_SOCKET_IFNAME=host.interface)
             argv = [sys.executable, "-m", "bench.scale_worker", "--model", args.model, "--scale", str(args.scale)]
             argv += ["--steps", str(args.steps), "--warmup", str(args.warmup), "--out", str(out)]
+            argv += ["--variants", args.variants]
             procs.append(
                 subprocess.Popen(host.command(["env", *[f"{k}={v}" for k, v in env.items()], *argv]), cwd=ROOT)
             )
@@ -63,12 +64,12 @@ def run_point(args: argparse.Namespace, ranks: int, out: Path) -> dict:
 
 
 def calibrate(args: argparse.Namespace) -> planner.Topology:
-    """Per-hop bandwidth and latency as gloo sees them: a probe between two hosts (as the tuner's)."""
-    from bench.scale_probe import probe_two_hosts
+    """Per-hop bandwidth and latency as gloo's ring sees them on the lab's links (bench/scale_probe.py)."""
+    from bench.scale_probe import probe_ring
 
-    latency_s, bytes_per_s = probe_two_hosts(_rate(args.link, args.scale), args.delay)
-    # A ring of 2: cost = 2 (S / (2 B) + a) = S / B + 2 a.
-    return planner.Topology(1, args.ranks_per_host, bytes_per_s, latency_s / 2, local_bandwidth=2e9, local_latency=1e-4)
+    model = SyntheticModel(args.model, scale=args.scale, layers=args.layers, time_scale=args.time_scale)
+    latency_s, bytes_per_s = probe_ring(_rate(args.link, args.scale), args.delay, model.grad_bytes)
+    return planner.Topology(1, args.ranks_per_host, bytes_per_s, latency_s, local_bandwidth=2e9, local_latency=1e-4)
 
 
 def predict(
@@ -104,6 +105,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--time-scale", type=float, default=1.0)
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--warmup", type=int, default=14)
+    parser.add_argument("--variants", default=VARIANTS, help="a subset of " + VARIANTS)
     parser.add_argument("--runs", type=int, default=1, help="runs per point; the table shows their median")
     parser.add_argument("--timeout", type=float, default=900)
     parser.add_argument("--out", default="bench/results/scale")
@@ -120,11 +122,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         result = median_of_runs(
             [run_point(args, ranks, folder / f"{args.model}-{args.link}-n{ranks}.json") for _ in range(args.runs)]
         )
+        default = result["variants"].get("gradsync") or next(iter(result["variants"].values()))
         if ranks == 1:  # the planner's compute timeline: one rank's measured step, no communication
-            compute = result["variants"]["gradsync"]["median_ms"] / (predict(args, link, 1) * 1e3)
+            compute = default["median_ms"] / (predict(args, link, 1) * 1e3)
         result["predicted_ms"] = predict(args, link, ranks, compute) * 1e3
         # The default's layout is the tuner's choice, known after the run: priced too, with those caps.
-        chosen = result["variants"]["gradsync"].get("limits")
+        chosen = default.get("limits")
         result["predicted_default_ms"] = predict(args, link, ranks, compute, chosen) * 1e3
         result["cpu_busy"] = max(
             v["cpu_s_per_step"] / (v["median_ms"] / 1e3) / CORES for v in result["variants"].values()
@@ -152,6 +155,7 @@ def median_of_runs(results: list[dict]) -> dict:
             runs_ms=[v["median_ms"] for v in runs],
             cpu_s_per_step=max(v["cpu_s_per_step"] for v in runs),
             averages_ok=all(v["averages_ok"] for v in runs),
+            paired_runs=[v.get("paired_to_torch") for v in runs],
         )
     return merged
 
@@ -171,6 +175,7 @@ def _summarise(args: argparse.Namespace, link: planner.Topology, points: list[di
             row[f"{name}_efficiency"] = base[name] / v["median_ms"]
             row[f"{name}_averages_ok"] = v["averages_ok"]
             row[f"{name}_runs_ms"] = v.get("runs_ms", [v["median_ms"]])
+            row[f"{name}_paired"] = v.get("paired_runs", [v.get("paired_to_torch")])
         rows.append(row)
     return {
         "model": args.model,
@@ -196,6 +201,9 @@ def markdown(summary: dict) -> str:
         cells = [f"{r[f'{n}_ms']:.0f} ({r[f'{n}_efficiency']:.3f})" for r in rows]
         runs = max(len(r.get(f"{n}_runs_ms", [])) for r in rows)
         lines.append(f"| {LABELS[n]} ms (E){f', median of {runs}' if runs > 1 else ''} | " + " | ".join(cells) + " |")
+    for n in names[1:] if names[0] == "torch" else ():
+        cells = [_paired(r[f"{n}_paired"]) for r in rows]
+        lines.append(f"| {LABELS[n]} / torch, step by step | " + " | ".join(cells) + " |")
     # The planner prices torch's bucket caps: set it beside the runs with those settings.
     same = "gradsync_fixed" if "gradsync_fixed" in names else "gradsync"
     predicted = [f"{r['predicted_ms']:.0f} ({r['predicted_ms'] / r[f'{same}_ms']:.2f})" for r in rows]
@@ -210,6 +218,15 @@ def markdown(summary: dict) -> str:
     ok = all(r.get(f"{n}_averages_ok", True) for r in rows for n in names)
     lines.append(f"\nGradients equal to the exact average on every rank at every point: {'yes' if ok else 'NO'}.")
     return "\n".join(lines)
+
+
+def _paired(ratios: list[float | None]) -> str:
+    """The median over runs of each run's median paired ratio, with the runs' range when there are several."""
+    found = sorted(r for r in ratios if r is not None)
+    if not found:
+        return "-"
+    middle = statistics.median(found)
+    return f"{middle:.3f}" + (f" ({found[0]:.3f}-{found[-1]:.3f})" if len(found) > 1 else "")
 
 
 if __name__ == "__main__":

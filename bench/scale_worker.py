@@ -17,8 +17,10 @@ import torch.distributed as dist
 
 import gradsync
 from bench.synthetic import SyntheticModel
+from gradsync.reducer import autotune, buckets
 
 SAME_SETTINGS = "gradsync_fixed"  # gradsync at torch's settings (its caps, no tuning); "gradsync" is the default
+VARIANTS = f"torch,gradsync,{SAME_SETTINGS}"
 
 
 def _variants(args: argparse.Namespace, rank: int) -> dict:
@@ -40,6 +42,19 @@ def torch_caps(scale: float) -> list[float]:
     """torch's default caps (a 1 MiB first bucket, then 25 MiB) divided like the bytes, so that the scaled model
     has as many buckets as the real one: unscaled, ResNet-50/64 would fit in two and overlap far less."""
     return [1.0 / scale, 25.0 / scale]
+
+
+def scale_tuner_bytes(scale: float) -> None:
+    """Divide the byte sizes gradsync's default starts from and chooses among (torch's 1 + 25 MiB caps, the tuner's
+    candidate caps) like the model's bytes, so that the default variant faces the choice a user of the real model
+    on the real link faces. Unscaled, the tuner would start from two buckets for the whole scaled model and measure
+    its proposal against those, not against torch's caps as the lab runs them.
+
+    The tuner's probe sizes stay unscaled (1 MiB here, the gradients' size at most): tbf lets its burst (125 kB)
+    through at once, which a real link does not, so a scaled-down probe would read the link far too fast."""
+    buckets.DEFAULT_FIRST_BUCKET_BYTES = max(1, int(buckets.DEFAULT_FIRST_BUCKET_BYTES / scale))
+    buckets.DEFAULT_BUCKET_CAP_MB = buckets.DEFAULT_BUCKET_CAP_MB / scale
+    autotune.CANDIDATE_CAPS_MB = tuple(cap / scale for cap in autotune.CANDIDATE_CAPS_MB)
 
 
 def _limits(ddp: torch.nn.Module, scale: float) -> list[int]:
@@ -67,13 +82,14 @@ def main() -> None:
         ("--time-scale", float, 1.0),
         ("--steps", int, 12),
         ("--warmup", int, 14),
-        ("--variants", str, f"torch,gradsync,{SAME_SETTINGS}"),
+        ("--variants", str, VARIANTS),
         ("--out", str, ""),
     ):
         parser.add_argument(name, type=kind, default=default)
     args = parser.parse_args()
     info = gradsync.init(timeout=300)
     torch.set_num_threads(1)
+    scale_tuner_bytes(args.scale)  # only the default variant reads them: the others pass torch's caps, scaled
     variants = _variants(args, info.rank)
     times: dict[str, list[tuple[float, float]]] = {name: [] for name in variants}
     x = torch.ones(1, requires_grad=True)
@@ -99,9 +115,10 @@ def main() -> None:
 
 def _summary(args: argparse.Namespace, everyone: list, variants: dict) -> dict:
     result = {"model": args.model, "ranks": len(everyone), "scale": args.scale, "variants": {}}
+    # A step is as slow as its slowest rank.
+    slowest = {name: [max(r["times"][name][k][0] for r in everyone) for k in range(args.steps)] for name in variants}
     for name, ddp in variants.items():
-        # A step is as slow as its slowest rank.
-        steps = [max(r["times"][name][k][0] for r in everyone) for k in range(args.steps)]
+        steps = slowest[name]
         cpu = [sum(r["times"][name][k][1] for r in everyone) for k in range(args.steps)]
         tuning = getattr(getattr(ddp, "reducer", None), "tuning", None)
         result["variants"][name] = {
@@ -111,6 +128,11 @@ def _summary(args: argparse.Namespace, everyone: list, variants: dict) -> dict:
             "averages_ok": all(r["averages_ok"][name] for r in everyone),
             "tuning": tuning.describe() if tuning is not None else None,
             "limits": _limits(ddp, args.scale),
+            # Steps k of every variant ran in the same round, one after the other: their ratio cancels the machine's
+            # drift (other tenants, thermal) that separate medians keep.
+            "paired_to_torch": statistics.median(a / b for a, b in zip(steps, slowest["torch"]))
+            if "torch" in slowest
+            else None,
         }
     result["grad_bytes"] = next(iter(variants.values())).module.grad_bytes
     return result

@@ -17,6 +17,7 @@ from gradsync.testing import spawn
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from bench import netlab  # noqa: E402
+from bench.scale_probe import fit_ring  # noqa: E402
 from bench.synthetic import SyntheticModel, bert_shapes, gpt2_shapes, resnet50_shapes  # noqa: E402
 
 
@@ -29,6 +30,16 @@ def test_ring_cost_by_hand() -> None:
     t = planner.Topology(4, 2, 125e6, 1e-4, local_bandwidth=1e9, local_latency=1e-5, hierarchical=True)
     assert t.allreduce_seconds(8e6) == pytest.approx(2 * (4e6 / 1e9 + 1e-5) + 6 * (2e6 / 125e6 + 1e-4))
     assert planner.Topology(1, 1, 1e9, 0.0).allreduce_seconds(8e6) == 0.0
+
+
+def test_probe_fit_inverts_the_ring_cost() -> None:
+    # The lab's probe times two sizes on 2 hosts x 2 ranks; solving the ring cost for them gives back its inputs.
+    topology = planner.Topology(2, 2, 9.5e6, 2e-4)
+    seconds = {size: topology.allreduce_seconds(size) for size in (200_000, 800_000)}
+    latency, bandwidth = fit_ring(seconds, ranks=4)
+    assert latency == pytest.approx(2e-4) and bandwidth == pytest.approx(9.5e6)
+    # By hand: 6 steps of S/4 at 1 MB/s plus 6 x 0.1 ms.
+    assert fit_ring({4000: 6 * (1000 / 1e6 + 1e-4), 8000: 6 * (2000 / 1e6 + 1e-4)}, 4) == pytest.approx((1e-4, 1e6))
 
 
 def test_predicted_step_overlaps_communication_with_backward() -> None:

@@ -28,6 +28,7 @@ import torch
 
 from gradsync import settings
 from gradsync.collectives.communicator import Communicator, Op
+from gradsync.reducer import buckets
 from gradsync.reducer.buckets import MIB, assign_buckets
 
 CANDIDATE_CAPS_MB = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 25.0)
@@ -188,4 +189,4 @@ def choose_size_limits(
 
 def _limits(cap_mb: float) -> list[int]:
     cap = int(cap_mb * MIB)
-    return [min(cap, MIB), cap]  # torch's small first bucket, so communication starts early
+    return [min(cap, buckets.DEFAULT_FIRST_BUCKET_BYTES), cap]  # torch's small first bucket: communication starts early

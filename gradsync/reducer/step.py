@@ -72,8 +72,11 @@ class BackwardStep:
         self.finished = False
         self.buffers = [torch.zeros_like(b.buffer) for b in layout.buckets] if shadow else None
         self.fired: list[int] | None = None  # static_graph's first backward: the parameters whose hook fired
-        self._bucket_done = _ignore if shadow else (self._hand_on if ctx.bucket_reduced else _ignore)
-        self._all_done = _ignore_used if shadow or ctx.bucket_reduced else self._write_back
+        # Each bucket's averages go into .grad as soon as it is waited for (as torch's reducer does), so the copies
+        # overlap the wait for later buckets; unused parameters (whose .grad stays untouched) make them wait for all.
+        each_bucket = not shadow and (ctx.bucket_reduced is not None or ctx.usage.all_used_known())
+        self._bucket_done = self._hand_on if each_bucket else _ignore
+        self._all_done = self._write_back if not shadow and not each_bucket else _ignore_used
         # Hot-path lookups, bound once per step.
         self._take_of = layout.take_of
         self._slot_of = layout.slot_of
@@ -183,7 +186,8 @@ class BackwardStep:
 
     def _hand_on(self, bucket: AnyBucket) -> None:
         self.layout.write_back_bucket(bucket, self.scale)
-        self.ctx.bucket_reduced(bucket)  # type: ignore[misc]
+        if self.ctx.bucket_reduced is not None:
+            self.ctx.bucket_reduced(bucket)
 
     def _write_back(self, globally_used: list[int] | None) -> None:
         self.layout.write_back(globally_used, self.scale)

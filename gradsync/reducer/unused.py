@@ -72,6 +72,10 @@ class GlobalUsage:
         """Whether this step's backward all-reduces a usage map (a joined rank then shadows it with zeros)."""
         return self.mode is GraphMode.FIND_UNUSED or (self.mode is GraphMode.STATIC and not self._have_known)
 
+    def all_used_known(self) -> bool:
+        """Whether every parameter already counts as used this step (no map to wait for, none known unused)."""
+        return not self.reduced_this_step() and self._known is None
+
     def local_map(self) -> bytearray | None:
         """This rank's map since the last synced step, for hooks to mark; None when this step needs none."""
         return self._local if self.reduced_this_step() else None
