@@ -117,18 +117,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     folder.mkdir(parents=True, exist_ok=True)
     link = calibrate(args)
     points: list[dict] = []
-    compute = 1.0
+    compute, forward_one_ms = 1.0, 1.0
     for ranks in [int(n) for n in args.ranks.split(",")]:
         result = median_of_runs(
             [run_point(args, ranks, folder / f"{args.model}-{args.link}-n{ranks}.json") for _ in range(args.runs)]
         )
         default = result["variants"].get("gradsync") or next(iter(result["variants"].values()))
-        if ranks == 1:  # the planner's compute timeline: one rank's measured step, no communication
-            compute = default["median_ms"] / (predict(args, link, 1) * 1e3)
-        result["predicted_ms"] = predict(args, link, ranks, compute) * 1e3
+        forward_ms = statistics.median(v["forward_ms"] for v in result["variants"].values())
+        if not points:  # the planner's compute timeline: one rank's measured step, no communication
+            compute, forward_one_ms = default["median_ms"] / (predict(args, link, 1) * 1e3), forward_ms
+        # Compute as the ranks ran it at this N: several ranks share two cores, and the forward (which communicates
+        # nothing) shows how much longer their prescribed compute took; a Monitor timeline of this run would too.
+        result["compute_stretch"] = forward_ms / forward_one_ms
+        result["predicted_ms"] = predict(args, link, ranks, compute * result["compute_stretch"]) * 1e3
         # The default's layout is the tuner's choice, known after the run: priced too, with those caps.
         chosen = default.get("limits")
-        result["predicted_default_ms"] = predict(args, link, ranks, compute, chosen) * 1e3
+        result["predicted_default_ms"] = predict(args, link, ranks, compute * result["compute_stretch"], chosen) * 1e3
         result["cpu_busy"] = max(
             v["cpu_s_per_step"] / (v["median_ms"] / 1e3) / CORES for v in result["variants"].values()
         )
@@ -156,6 +160,7 @@ def median_of_runs(results: list[dict]) -> dict:
             cpu_s_per_step=max(v["cpu_s_per_step"] for v in runs),
             averages_ok=all(v["averages_ok"] for v in runs),
             paired_runs=[v.get("paired_to_torch") for v in runs],
+            forward_ms=statistics.median(v["forward_ms"] for v in runs),
         )
     return merged
 
@@ -169,6 +174,7 @@ def _summarise(args: argparse.Namespace, link: planner.Topology, points: list[di
     rows = []
     for p in points:
         row = {"ranks": p["ranks"], "predicted_ms": p["predicted_ms"], "cpu_busy": p["cpu_busy"]}
+        row["compute_stretch"] = p.get("compute_stretch", 1.0)
         row["predicted_default_ms"] = p.get("predicted_default_ms", p["predicted_ms"])
         for name, v in p["variants"].items():
             row[f"{name}_ms"] = v["median_ms"]
@@ -176,6 +182,7 @@ def _summarise(args: argparse.Namespace, link: planner.Topology, points: list[di
             row[f"{name}_averages_ok"] = v["averages_ok"]
             row[f"{name}_runs_ms"] = v.get("runs_ms", [v["median_ms"]])
             row[f"{name}_paired"] = v.get("paired_runs", [v.get("paired_to_torch")])
+            row[f"{name}_forward_ms"] = v.get("forward_ms")
         rows.append(row)
     return {
         "model": args.model,
@@ -215,6 +222,8 @@ def markdown(summary: dict) -> str:
         lines.append("| predicted ms with the tuner's caps (/ gradsync default) | " + " | ".join(default) + " |")
     busy = [f"{r['cpu_busy']:.0%}{', saturated' if r['cpu_busy'] > CPU_BUSY else ''}" for r in rows]
     lines.append("| CPU busy | " + " | ".join(busy) + " |")
+    stretch = [f"{r.get('compute_stretch', 1.0):.2f}" for r in rows]
+    lines.append("| compute stretch (forward vs N = 1) | " + " | ".join(stretch) + " |")
     ok = all(r.get(f"{n}_averages_ok", True) for r in rows for n in names)
     lines.append(f"\nGradients equal to the exact average on every rank at every point: {'yes' if ok else 'NO'}.")
     return "\n".join(lines)

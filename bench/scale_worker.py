@@ -65,12 +65,15 @@ def _limits(ddp: torch.nn.Module, scale: float) -> list[int]:
     return [int(cap * 2**20) for cap in torch_caps(scale)]
 
 
-def _step(ddp: torch.nn.Module, x: torch.Tensor) -> tuple[float, float]:
-    """Wall and CPU seconds of one step (forward, backward with its averaging)."""
+def _step(ddp: torch.nn.Module, x: torch.Tensor) -> tuple[float, float, float]:
+    """Wall and CPU seconds of one step (forward, backward with its averaging), and the forward's wall seconds
+    alone (no communication: how much the shared cores stretched the prescribed compute at this N)."""
     ddp.zero_grad(set_to_none=True)  # untimed; each step's gradients are then its own average, checked at the end
     wall, cpu = time.perf_counter(), time.process_time()
-    ddp(x).backward()
-    return time.perf_counter() - wall, time.process_time() - cpu
+    loss = ddp(x)
+    forward = time.perf_counter() - wall
+    loss.backward()
+    return time.perf_counter() - wall, time.process_time() - cpu, forward
 
 
 def main() -> None:
@@ -91,7 +94,7 @@ def main() -> None:
     torch.set_num_threads(1)
     scale_tuner_bytes(args.scale)  # only the default variant reads them: the others pass torch's caps, scaled
     variants = _variants(args, info.rank)
-    times: dict[str, list[tuple[float, float]]] = {name: [] for name in variants}
+    times: dict[str, list[tuple[float, float, float]]] = {name: [] for name in variants}
     x = torch.ones(1, requires_grad=True)
     for i in range(args.warmup + args.steps):
         names = list(variants)[i % len(variants) :] + list(variants)[: i % len(variants)]
@@ -125,6 +128,7 @@ def _summary(args: argparse.Namespace, everyone: list, variants: dict) -> dict:
             "median_ms": statistics.median(steps) * 1e3,
             "steps_ms": [s * 1e3 for s in steps],
             "cpu_s_per_step": statistics.median(cpu),  # all ranks together
+            "forward_ms": statistics.median(r["times"][name][k][2] for r in everyone for k in range(args.steps)) * 1e3,
             "averages_ok": all(r["averages_ok"][name] for r in everyone),
             "tuning": tuning.describe() if tuning is not None else None,
             "limits": _limits(ddp, args.scale),

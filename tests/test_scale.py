@@ -40,6 +40,8 @@ def test_probe_fit_inverts_the_ring_cost() -> None:
     assert latency == pytest.approx(2e-4) and bandwidth == pytest.approx(9.5e6)
     # By hand: 6 steps of S/4 at 1 MB/s plus 6 x 0.1 ms.
     assert fit_ring({4000: 6 * (1000 / 1e6 + 1e-4), 8000: 6 * (2000 / 1e6 + 1e-4)}, 4) == pytest.approx((1e-4, 1e6))
+    # The latency from a 1-element all-reduce when one was timed: 6 hops of 0.2 ms.
+    assert fit_ring({4000: 0.0066, 8000: 0.0126}, 4, one_element_s=0.0012) == pytest.approx((2e-4, 1e6))
 
 
 def test_predicted_step_overlaps_communication_with_backward() -> None:
