@@ -8,9 +8,6 @@ collective goes through the model's :class:`~gradsync.collectives.Communicator`.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import inspect
-import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -22,20 +19,26 @@ from torch.distributed.algorithms.join import Join, Joinable, JoinHook
 from gradsync import settings
 from gradsync.collectives.communicator import Communicator, Op
 from gradsync.collectives.tensors import broadcast_tensors
+from gradsync.ddp.arguments import (
+    Config,
+    bucket_bytes_caps,
+    buffer_sync_flags,
+    check_device_types,
+    check_hook_signature,
+    device_indices,
+    group_of,
+    refuse_unsupported,
+    warn_deprecated,
+)
 from gradsync.ddp.buffers import BufferSync
 from gradsync.ddp.join import NamedJoin
 from gradsync.ddp.replicas import broadcast_initial_state, verify_same_model
 from gradsync.ddp.tree import iter_tensors, map_tensors, replace_tensors
 from gradsync.errors import ConfigError
 from gradsync.observe.recorder import Recorder
-from gradsync.reducer.buckets import MIB, size_limits
-from gradsync.reducer.mode import GraphMode
 from gradsync.reducer.reducer import CommHook, Reducer
 from gradsync.reducer.sink import pass_through_sink
 from gradsync.runtime import watchdog
-
-# torch arguments gradsync accepts only at their defaults (None / False).
-_UNSUPPORTED = ("delay_all_reduce_named_params", "param_to_hook_all_reduce", "mixed_precision")
 
 
 class DistributedDataParallel(nn.Module, Joinable):
@@ -88,10 +91,10 @@ class DistributedDataParallel(nn.Module, Joinable):
     ) -> None:
         super().__init__()
         Joinable.__init__(self)
-        _refuse_unsupported(unsupported)
-        _warn_deprecated(broadcast_buffers, forward_sync_buffers, check_reduction)
+        refuse_unsupported(unsupported)
+        warn_deprecated(broadcast_buffers, forward_sync_buffers, check_reduction)
         self.module = module
-        self._config = _Config.of(
+        self._config = Config.of(
             module,
             bucket_cap_mb_list or bucket_cap_mb,
             gradient_as_bucket_view,
@@ -99,12 +102,12 @@ class DistributedDataParallel(nn.Module, Joinable):
             static_graph,
             skip_all_reduce_unused_params,
         )
-        self._process_group = _group_of(process_group, device_mesh)  # None: the default group
+        self._process_group = group_of(process_group, device_mesh)  # None: the default group
         self.device_mesh = device_mesh
-        self.device_ids, self.output_device = _device_indices(device_ids, output_device)
-        _check_device_types(module, {"device_ids": device_ids, "output_device": output_device})
+        self.device_ids, self.output_device = device_indices(device_ids, output_device)
+        check_device_types(module, {"device_ids": device_ids, "output_device": output_device})
         self.dim = dim
-        self.forward_sync_buffers, init_sync_buffers = _buffer_sync(broadcast_buffers, forward_sync_buffers)
+        self.forward_sync_buffers, init_sync_buffers = buffer_sync_flags(broadcast_buffers, forward_sync_buffers)
         self.find_unused_parameters = find_unused_parameters
         self.gradient_as_bucket_view = gradient_as_bucket_view
         self.static_graph = static_graph
@@ -112,7 +115,7 @@ class DistributedDataParallel(nn.Module, Joinable):
         self.require_backward_grad_sync = True
         # torch's name: the previous forward was a synced one, so this forward broadcasts the buffers.
         self.require_forward_param_sync = True
-        self.bucket_bytes_cap, self.bucket_bytes_cap_list = _bucket_bytes_caps(bucket_cap_mb, bucket_cap_mb_list)
+        self.bucket_bytes_cap, self.bucket_bytes_cap_list = bucket_bytes_caps(bucket_cap_mb, bucket_cap_mb_list)
         self._bucket_caps_asked = (bucket_cap_mb, bucket_cap_mb_list)  # None: tuned; else the layout is fixed
         self._join_divides_by_initial_world_size = True
         self._build_runtime()
@@ -366,7 +369,7 @@ class DistributedDataParallel(nn.Module, Joinable):
         ``hook(state, bucket) -> torch.futures.Future[torch.Tensor]``; the future's value becomes the bucket's
         averaged gradients. Register once, before the first backward.
         """
-        _check_hook_signature(hook)
+        check_hook_signature(hook)
         if self._comm_hook_registered:
             raise ConfigError("register_comm_hook: a communication hook is already registered; register only once.")
         if self.reducer.iteration > 0:
@@ -407,186 +410,5 @@ class _DDPJoinHook(JoinHook):
         self.ddp.sync_final_model(is_last_joiner)
 
 
-def _check_hook_signature(hook: object) -> None:
-    """torch's ``_check_comm_hook`` checks the type; this also checks the hook takes ``(state, bucket)``, which would
-    otherwise fail at the first bucket, deep inside backward."""
-    if not callable(hook):
-        raise TypeError(f"register_comm_hook: hook must be callable, got {type(hook).__name__}")
-    try:
-        inspect.signature(hook).bind(None, None)
-    except TypeError:
-        raise TypeError(
-            f"register_comm_hook: hook {getattr(hook, '__qualname__', hook)!r} must take two arguments, "
-            f"hook(state, bucket) -> torch.futures.Future[torch.Tensor]; its signature is {inspect.signature(hook)}"
-        ) from None
-    except ValueError:  # a builtin without a signature: nothing to check
-        pass
-
-
 def _no_progress() -> None:
     """No watchdog watches this run."""
-
-
-def _refuse_unsupported(unsupported: Mapping[str, Any]) -> None:
-    for name, value in unsupported.items():
-        if name in _UNSUPPORTED and value in (None, False):
-            continue
-        hint = "gradsync does not implement it yet" if name in _UNSUPPORTED else "torch's DDP has no such argument"
-        raise TypeError(f"gradsync.DistributedDataParallel: unexpected argument '{name}' ({hint})")
-
-
-@dataclasses.dataclass(frozen=True)
-class _Config:
-    """What the reducer is built from, kept so an unpickled or copied model can build its own."""
-
-    bucket_cap_mb: Any
-    as_view: bool
-    mode: GraphMode
-    skip_unused: bool
-    ignored: frozenset[str]  # torch's ignore list (set_params_and_buffers_to_ignore)
-    sparse: frozenset[str]  # parameters of sparse embeddings: their gradients are reduced as sparse tensors
-
-    @classmethod
-    def of(
-        cls, module: nn.Module, cap: Any, as_view: bool, find_unused: bool, static: bool, skip_unused: bool
-    ) -> _Config:
-        if not isinstance(module, nn.Module):
-            raise TypeError(f"gradsync.DistributedDataParallel wraps an nn.Module, got {type(module).__name__}")
-        if not dist.is_available() or not dist.is_initialized():
-            raise ConfigError(
-                "DistributedDataParallel needs an initialised process group: call gradsync.init() or "
-                "torch.distributed.init_process_group(...) before wrapping the model."
-            )
-        ignored = frozenset(getattr(module, "_ddp_params_and_buffers_to_ignore", ()))
-        mode = GraphMode.from_flags(find_unused, static)
-        config = cls(cap, as_view, mode, skip_unused and find_unused, ignored, _sparse_parameters(module))
-        meta = [n for n, p in module.named_parameters() if p.device.type == "meta"]
-        if meta:
-            raise ConfigError(
-                f"the module has parameters on the meta device ({', '.join(meta[:5])}): they hold no values to "
-                "broadcast or average. Materialise them first (module.to_empty(device=...) and initialise)."
-            )
-        if not config.trainable(module):
-            raise ConfigError(
-                "DistributedDataParallel is not needed when a module doesn't have any parameter that requires a "
-                "gradient (torch's words): there is nothing to synchronise. Wrap a module with trainable "
-                "parameters, or do not wrap this one."
-            )
-        return config
-
-    def trainable(self, module: nn.Module) -> list[tuple[str, nn.Parameter]]:
-        return [(n, p) for n, p in module.named_parameters() if p.requires_grad and n not in self.ignored]
-
-
-def _sparse_parameters(module: nn.Module) -> frozenset[str]:
-    """Names of the parameters whose gradient is sparse (torch's rule: a sparse Embedding or EmbeddingBag)."""
-    names: set[str] = set()
-    for prefix, sub in module.named_modules():
-        if isinstance(sub, (nn.Embedding, nn.EmbeddingBag)) and sub.sparse:
-            names.update(f"{prefix}.{n}" if prefix else n for n, _ in sub.named_parameters(recurse=False))
-    return frozenset(names)
-
-
-def _group_of(process_group: dist.ProcessGroup | None, device_mesh: Any) -> dist.ProcessGroup | None:
-    if process_group is not None and not isinstance(process_group, dist.ProcessGroup):
-        raise TypeError(
-            f"process_group must be a torch.distributed.ProcessGroup (from dist.new_group) or None for the default "
-            f"group, got {type(process_group).__name__}"
-        )
-    if device_mesh is None:
-        return process_group
-    if process_group is not None:
-        raise ConfigError("Cannot specify both process_group and device_mesh arguments (torch's rule).")
-    if not hasattr(device_mesh, "get_group"):
-        raise TypeError(
-            f"device_mesh must be a torch.distributed.device_mesh.DeviceMesh (from init_device_mesh), got "
-            f"{type(device_mesh).__name__}"
-        )
-    if device_mesh.ndim != 1:
-        raise ConfigError(f"Only 1D device mesh is supported, but got {device_mesh} (torch's rule).")
-    return device_mesh.get_group(mesh_dim=0)
-
-
-def _warn_deprecated(broadcast_buffers: bool | None, forward_sync_buffers: bool | None, check_reduction: bool) -> None:
-    """torch 2.13's FutureWarnings, in torch's words, so code that filters them keeps working."""
-    if broadcast_buffers is not None and forward_sync_buffers is not None:
-        warnings.warn(
-            "Both `broadcast_buffers` and `forward_sync_buffers` were specified. `broadcast_buffers` is deprecated "
-            "and its value is ignored when `forward_sync_buffers` is provided.",
-            FutureWarning,
-            stacklevel=3,
-        )
-    elif broadcast_buffers is not None:
-        warnings.warn(
-            "`broadcast_buffers` is deprecated. Use `forward_sync_buffers` instead. IMPORTANT: unlike "
-            "`broadcast_buffers=False`, `forward_sync_buffers=False` still syncs buffers at init.",
-            FutureWarning,
-            stacklevel=3,
-        )
-    if check_reduction:
-        warnings.warn(
-            "The `check_reduction` argument in `DistributedDataParallel` module is deprecated. Please avoid using it.",
-            FutureWarning,
-            stacklevel=3,
-        )
-
-
-def _bucket_bytes_caps(cap_mb: Any, cap_list: Sequence[float] | None) -> tuple[int, list[int]]:
-    """torch's ``bucket_bytes_cap`` and ``bucket_bytes_cap_list`` attributes."""
-    size_limits(cap_list or cap_mb)  # refuses a cap that is not a finite number of MiB > 0, naming it
-    cap = 25.0 if cap_mb is None or isinstance(cap_mb, str) else cap_mb
-    return int(cap * MIB), [int(c * MIB) for c in cap_list or ()]
-
-
-def _buffer_sync(broadcast_buffers: bool | None, forward_sync_buffers: bool | None) -> tuple[bool, bool]:
-    """(sync buffers before each synced forward, sync them at construction). torch 2.13: ``forward_sync_buffers``
-    replaces ``broadcast_buffers``, and only the old flag also skips the sync at construction."""
-    if forward_sync_buffers is not None:
-        return forward_sync_buffers, True
-    synced = broadcast_buffers is None or bool(broadcast_buffers)
-    return synced, synced
-
-
-def _device_indices(
-    device_ids: Sequence[int | torch.device] | None, output_device: int | torch.device | None
-) -> tuple[list[int] | None, int | None]:
-    if isinstance(device_ids, (str, int, torch.device)):
-        raise TypeError(f"device_ids must be a list of one device, e.g. device_ids=[local_rank], got {device_ids!r}")
-    if device_ids is not None and len(device_ids) > 1:
-        raise ConfigError(
-            f"device_ids={list(device_ids)}: one process per device is supported (torch deprecated "
-            "single-process multi-device); start one process per GPU and pass device_ids=[local_rank]."
-        )
-    ids = [_device_index(d, "device_ids") for d in device_ids] if device_ids else None
-    return ids, _device_index(output_device, "output_device") if output_device is not None else None
-
-
-def _check_device_types(module: nn.Module, arguments: Mapping[str, Any]) -> None:
-    """A device named by type (``"cuda:0"``) must be where the module is: torch would move inputs there."""
-    where = {p.device.type for p in module.parameters()}
-    for argument, value in arguments.items():
-        for device in value if isinstance(value, Sequence) and not isinstance(value, str) else [value]:
-            kind = torch.device(device).type if isinstance(device, (str, torch.device)) else None
-            if kind is not None and kind not in where:
-                raise ConfigError(
-                    f"{argument}={value!r} names a {kind} device but the module's parameters are on "
-                    f"{', '.join(sorted(where))}: move the module first (module.to({str(device)!r})), then wrap it"
-                )
-
-
-def _device_index(device: int | str | torch.device, argument: str) -> int:
-    if isinstance(device, str):  # torch's _get_device_index takes "cuda:0" too
-        try:
-            device = torch.device(device)
-        except RuntimeError:
-            raise ConfigError(
-                f"{argument}: {device!r} is not a device; pass an index or a device such as 'cuda:0' or "
-                "torch.device('cuda', local_rank)"
-            ) from None
-    if isinstance(device, torch.device):
-        if device.index is None:
-            raise ConfigError(f"{argument}: device {device} has no index; pass e.g. torch.device('cuda', local_rank)")
-        return device.index
-    if not isinstance(device, int) or isinstance(device, bool):
-        raise ConfigError(f"{argument}: expected a device index or device, got {device!r}")
-    return device
