@@ -12,12 +12,14 @@ import torch
 
 import gradsync
 from gradsync import planner
+from gradsync.reducer import autotune, buckets
 from gradsync.testing import spawn
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from bench import netlab  # noqa: E402
 from bench.scale_probe import fit_ring  # noqa: E402
+from bench.scale_worker import scale_tuner_bytes  # noqa: E402
 from bench.synthetic import SyntheticModel, bert_shapes, gpt2_shapes, resnet50_shapes  # noqa: E402
 
 
@@ -42,6 +44,17 @@ def test_probe_fit_inverts_the_ring_cost() -> None:
     assert fit_ring({4000: 6 * (1000 / 1e6 + 1e-4), 8000: 6 * (2000 / 1e6 + 1e-4)}, 4) == pytest.approx((1e-4, 1e6))
     # The latency from a 1-element all-reduce when one was timed: 6 hops of 0.2 ms.
     assert fit_ring({4000: 0.0066, 8000: 0.0126}, 4, one_element_s=0.0012) == pytest.approx((2e-4, 1e6))
+
+
+def test_lab_scales_the_tuners_starting_and_candidate_caps(monkeypatch: pytest.MonkeyPatch) -> None:
+    for module, name in ((buckets, "DEFAULT_FIRST_BUCKET_BYTES"), (buckets, "DEFAULT_BUCKET_CAP_MB")):
+        monkeypatch.setattr(module, name, getattr(module, name))  # restored after the test
+    monkeypatch.setattr(autotune, "CANDIDATE_CAPS_MB", autotune.CANDIDATE_CAPS_MB)
+    scale_tuner_bytes(64)
+    # What gradsync's default starts from (torch's 1 + 25 MiB) and what the tuner weighs, both 64 times smaller.
+    assert buckets.size_limits(None) == [2**20 // 64, 25 * 2**20 // 64]
+    assert max(autotune.CANDIDATE_CAPS_MB) == 25 / 64 and min(autotune.CANDIDATE_CAPS_MB) == 0.25 / 64
+    assert autotune._limits(25 / 64) == [2**20 // 64, 25 * 2**20 // 64]
 
 
 def test_predicted_step_overlaps_communication_with_backward() -> None:
