@@ -7,7 +7,8 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from gradsync.reducer.buckets import AnyBucket, Bucket, SparseBucket, assign_buckets, quiet_parameters, write_back
+from gradsync.reducer.buckets import AnyBucket, Bucket, assign_buckets, quiet_parameters, write_back
+from gradsync.reducer.sparse_bucket import SparseBucket
 
 
 class BucketLayout:

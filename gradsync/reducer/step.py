@@ -23,8 +23,9 @@ from gradsync.collectives.peer_errors import post_error
 from gradsync.errors import ConfigError, GradientError
 from gradsync.observe.recorder import Recorder
 from gradsync.reducer import messages
-from gradsync.reducer.buckets import AnyBucket, SparseBucket
+from gradsync.reducer.buckets import AnyBucket
 from gradsync.reducer.layout import BucketLayout
+from gradsync.reducer.sparse_bucket import SparseBucket
 from gradsync.reducer.unused import GlobalUsage
 
 # (bucket index, flat buffer, per-parameter views of it, is last bucket) -> future of the averaged buffer
