@@ -129,10 +129,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         # Compute as the ranks ran it at this N: several ranks share two cores, and the forward (which communicates
         # nothing) shows how much longer their prescribed compute took; a Monitor timeline of this run would too.
         result["compute_stretch"] = forward_ms / forward_one_ms
-        result["predicted_ms"] = predict(args, link, ranks, compute * result["compute_stretch"]) * 1e3
+        stretched = compute * result["compute_stretch"]
+        result["predicted_ms"] = predict(args, link, ranks, stretched) * 1e3
         # The default's layout is the tuner's choice, known after the run: priced too, with those caps.
-        chosen = default.get("limits")
-        result["predicted_default_ms"] = predict(args, link, ranks, compute * result["compute_stretch"], chosen) * 1e3
+        result["predicted_default_ms"] = predict(args, link, ranks, stretched, default.get("limits")) * 1e3
         result["cpu_busy"] = max(
             v["cpu_s_per_step"] / (v["median_ms"] / 1e3) / CORES for v in result["variants"].values()
         )

@@ -18,10 +18,13 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
+import torch
+
+import gradsync
 from bench import netlab
 from bench.ranks import wait_ranks
+from gradsync.collectives import Communicator, Op
 
 ROOT = Path(__file__).resolve().parents[1]
 HOSTS, RANKS_PER_HOST = 2, 2
@@ -32,7 +35,7 @@ REPEATS = 7
 
 def probe_ring(rate: str, delay: str | None, nbytes: int, timeout: float = 300) -> tuple[float, float]:
     """(per-hop latency in s, per-hop bandwidth in bytes/s) of the lab's links at ``rate``, from all-reduces of
-    ``nbytes`` and ``nbytes / SMALL_FRACTION`` on 4 ranks over 2 hosts."""
+    ``nbytes / SMALL_FRACTION`` and ``nbytes / 2`` (the model's gradients: ``nbytes``) on 4 ranks over 2 hosts."""
     out = Path(tempfile.mkstemp(suffix=".json")[1])
     ranks = HOSTS * RANKS_PER_HOST
     base = {k: v for k, v in os.environ.items() if not k.startswith(("RANK", "WORLD_SIZE", "MASTER_", "LOCAL_"))}
@@ -70,11 +73,6 @@ def fit_ring(seconds: dict[int, float], ranks: int, one_element_s: float | None 
 
 
 def _worker(out: str, nbytes: int) -> None:
-    import torch
-
-    import gradsync
-    from gradsync.collectives import Communicator, Op
-
     info = gradsync.init(timeout=300)
     torch.set_num_threads(1)
     comm = Communicator()
@@ -92,13 +90,9 @@ def _worker(out: str, nbytes: int) -> None:
     gradsync.shutdown()
 
 
-def _back_to_back(comm: Any, nbytes: int) -> float:
+def _back_to_back(comm: Communicator, nbytes: int) -> float:
     """Seconds for ``BACK_TO_BACK`` all-reduces of ``nbytes`` issued at once, as a step's buckets follow each other:
     the link never idles between them, so only the first gets tbf's burst."""
-    import torch
-
-    from gradsync.collectives import Op
-
     tensors = [torch.zeros(nbytes // 4) for _ in range(BACK_TO_BACK)]
     comm.barrier(Op.LINK_PROBE)
     start = time.perf_counter()

@@ -109,7 +109,7 @@ class SyntheticModel(nn.Module):
         self.layers = _split(costs, layers, PROFILES_S[model] * time_scale)
         self.value = 1.0  # what this rank's gradients hold; set per rank to check the averages
         # Each layer's parameters, listed once: slicing the ParameterList in every forward builds a new module per
-        # layer (~5 ms of CPU per step), which the lab's shared cores would charge to whichever DDP runs.
+        # layer (~1.5 ms of CPU per forward), which the lab's shared cores would charge to whichever DDP runs.
         params, self._members = list(self.params), []
         for layer in self.layers:
             self._members.append(params[: len(layer.names)])
