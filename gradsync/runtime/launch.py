@@ -220,13 +220,16 @@ def _start_watchdog(seconds: float, log_dir: str) -> watchdog.Watchdog:
 
     def on_stall(idle: float) -> None:
         workers = watchdog.child_pids()
+        registered = watchdog.registered_pids(folder)
+        silent = len([pid for pid in workers if pid not in registered])
+        no_stack = f" {silent} worker(s) never built a DistributedDataParallel: no stack to give." if silent else ""
         print(
             f"gradsync run: no rank completed a step for {idle:.0f}s (--watchdog {seconds:g}); asking the "
-            f"{len(workers)} worker(s) here for their Python stacks, then stopping the job.",
+            f"{len(workers) - silent} worker(s) here for their Python stacks, then stopping the job." + no_stack,
             file=sys.stderr,
             flush=True,
         )
-        watchdog.dump_stacks_and_stop(workers)
+        watchdog.dump_stacks_and_stop(workers, registered)
 
     dog = watchdog.Watchdog(folder, seconds, on_stall)
     dog.start()

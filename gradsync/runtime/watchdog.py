@@ -5,6 +5,11 @@ torchrun and every other rank waiting forever. With the watchdog, each worker ma
 rank at every synced forward (at most once a second: a step finished); the launcher watches those files, and when
 no rank has made progress for SECONDS it asks every worker for its Python stacks (``faulthandler`` on SIGUSR1,
 into the stderr the launcher already keeps), prints them, and stops the job.
+
+The clock starts at the first mark (a rank built its DistributedDataParallel): start-up (imports, reading a
+dataset, building the model) is not a step and may take far longer than a step, and a worker that has not yet
+registered its stack handler would be killed by SIGUSR1 instead of printing its stack. For the same reason each
+marker holds its worker's pid, and only those workers are sent SIGUSR1; the others are only stopped.
 """
 
 from __future__ import annotations
@@ -30,7 +35,8 @@ def progress_reporter(environ: dict[str, str] | None = None) -> Callable[[], Non
         return None
     faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True, chain=False)
     marker = Path(folder) / f"rank{env.get('RANK', '0')}"
-    last = [0.0]
+    marker.write_text(str(os.getpid()))  # after register(): this pid may now be sent SIGUSR1
+    last = [time.monotonic()]
 
     def report() -> None:
         now = time.monotonic()
@@ -38,7 +44,6 @@ def progress_reporter(environ: dict[str, str] | None = None) -> Callable[[], Non
             last[0] = now
             marker.touch()
 
-    report()
     return report
 
 
@@ -51,19 +56,28 @@ class Watchdog(threading.Thread):
         self.folder = folder
         self.seconds = seconds
         self.on_stall = on_stall
-        self.started_at = time.time()
         self._stop_event = threading.Event()
 
     def run(self) -> None:
         while not self._stop_event.wait(min(1.0, self.seconds / 4)):
-            idle = time.time() - self.last_progress()
+            last = self.last_progress()
+            idle = 0.0 if last is None else time.time() - last
             if idle > self.seconds:
                 self.on_stall(idle)
                 return
 
-    def last_progress(self) -> float:
-        marks = [p.stat().st_mtime for p in self.folder.glob("rank*")]
-        return max(marks, default=self.started_at)
+    def last_progress(self) -> float | None:
+        """When a rank last marked progress; None before any rank has (start-up is not watched)."""
+        return max(self._marker_stats(), default=None)
+
+    def _marker_stats(self) -> list[float]:
+        stats = []
+        for marker in self.folder.glob("rank*"):
+            try:
+                stats.append(marker.stat().st_mtime)
+            except FileNotFoundError:
+                continue
+        return stats
 
     def stop(self) -> None:
         self._stop_event.set()
@@ -85,10 +99,24 @@ def child_pids(parent: int | None = None) -> list[int]:
     return found
 
 
-def dump_stacks_and_stop(pids: list[int], grace: float = 2.0) -> None:
-    """Ask each worker for its Python stacks (faulthandler, into its stderr), then stop them."""
+def registered_pids(folder: Path) -> set[int]:
+    """The workers that registered the stack handler: the pids their progress markers hold."""
+    pids = set()
+    for marker in folder.glob("rank*"):
+        try:
+            pids.add(int(marker.read_text()))
+        except (OSError, ValueError):
+            continue  # being written, or not yet
+    return pids
+
+
+def dump_stacks_and_stop(pids: list[int], registered: set[int], grace: float = 2.0) -> None:
+    """Ask each registered worker for its Python stacks (faulthandler, into its stderr), then stop them all.
+
+    SIGUSR1's default action kills a process, so a worker that never registered the handler is only stopped."""
     for pid in pids:
-        _signal(pid, signal.SIGUSR1)
+        if pid in registered:
+            _signal(pid, signal.SIGUSR1)
     time.sleep(grace)  # the stacks reach the stderr files the launcher tees
     for pid in pids:
         _signal(pid, signal.SIGTERM)
