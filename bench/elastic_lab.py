@@ -118,6 +118,12 @@ def first_step_after(out: Path, when: float, pids: list[int]) -> float:
     return min(e["t"] for e in events_of(out) if e["t"] > when and e["pid"] in pids) - when
 
 
+def recoveries(logs: list[str]) -> str:
+    """The workers' recovery lines (who was lost, how it was found: the launcher's report or a heartbeat, and how
+    long the new round took): what a pause longer than expected needs explained."""
+    return "\n".join(line for log in logs for line in log.splitlines() if "gradsync elastic:" in line)
+
+
 def scenario(tmp_path: Path, fault: str, count: int = 1, epochs: int = EPOCHS) -> dict:
     out = tmp_path / fault
     out.mkdir()

@@ -10,6 +10,11 @@ and talk to each other locally. Compute is sleeping (bench/synthetic.py), so man
 point records the CPU all ranks used per step, and a point whose ranks used more than ``CPU_BUSY`` of the machine
 is flagged: there, waiting for a core may be what was measured.
 
+``--slow-motion K`` runs the same lab K times slower: layer times K times longer and links K times slower, so every
+communication-to-compute ratio (and E) is unchanged while the ranks' CPU per second of the step falls K-fold. The
+lab's ranks share 2 cores, where a real cluster gives each rank its own; at 16 ranks that sharing, not DDP, sets
+the step unless the lab runs slower.
+
 E(N) = step(1) / step(N). The planner's predictions use the link as measured by all-reduces on 4 ranks over 2
 hosts (bench/scale_probe.py: per-hop bandwidth and latency), not the nominal rate.
 """
@@ -38,8 +43,17 @@ CORES = os.cpu_count() or 1
 CPU_BUSY = 0.8  # of all cores: above this, ranks may have waited for a core
 
 
-def _rate(link: str, scale: float) -> str:
-    return f"{planner.parse_rate(link) * 8 / scale / 1e6:.3f}mbit"
+def _rate(args: argparse.Namespace) -> str:
+    """The shaped rate of each host's link: the nominal one divided by the bytes' scale and the slow motion."""
+    return f"{planner.parse_rate(args.link) * 8 / args.scale / args.slow_motion / 1e6:.3f}mbit"
+
+
+def _time_scale(args: argparse.Namespace) -> float:
+    return args.time_scale * args.slow_motion
+
+
+def _delay(args: argparse.Namespace) -> str | None:
+    return None if args.delay is None else f"{planner.parse_seconds(args.delay) * args.slow_motion * 1e3:.3f}ms"
 
 
 def run_point(args: argparse.Namespace, ranks: int, out: Path) -> dict:
@@ -47,13 +61,14 @@ def run_point(args: argparse.Namespace, ranks: int, out: Path) -> dict:
     hosts = max(1, math.ceil(ranks / args.ranks_per_host))
     base = {k: v for k, v in os.environ.items() if not k.startswith(("RANK", "WORLD_SIZE", "MASTER_", "LOCAL_"))}
     base.update({"WORLD_SIZE": str(ranks), "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)})
-    with netlab.lab(hosts=hosts, rate=_rate(args.link, args.scale), delay=args.delay, prefix="gsscale") as lab:
+    with netlab.lab(hosts=hosts, rate=_rate(args), delay=_delay(args), prefix="gsscale") as lab:
         procs = []
         for rank in range(ranks):
             host = lab[rank // args.ranks_per_host]
             env = dict(base, RANK=str(rank), LOCAL_RANK=str(rank % args.ranks_per_host), MASTER_ADDR=lab[0].address)
             env.update(MASTER_PORT="29511", GLOO_SOCKET_IFNAME=host.interface)
             argv = [sys.executable, "-m", "bench.scale_worker", "--model", args.model, "--scale", str(args.scale)]
+            argv += ["--layers", str(args.layers), "--time-scale", str(_time_scale(args))]
             argv += ["--steps", str(args.steps), "--warmup", str(args.warmup), "--out", str(out)]
             argv += ["--variants", args.variants]
             procs.append(
@@ -67,8 +82,8 @@ def calibrate(args: argparse.Namespace) -> planner.Topology:
     """Per-hop bandwidth and latency as gloo's ring sees them on the lab's links (bench/scale_probe.py)."""
     from bench.scale_probe import probe_ring
 
-    model = SyntheticModel(args.model, scale=args.scale, layers=args.layers, time_scale=args.time_scale)
-    latency_s, bytes_per_s = probe_ring(_rate(args.link, args.scale), args.delay, model.grad_bytes)
+    model = SyntheticModel(args.model, scale=args.scale, layers=args.layers, time_scale=_time_scale(args))
+    latency_s, bytes_per_s = probe_ring(_rate(args), _delay(args), model.grad_bytes)
     return planner.Topology(1, args.ranks_per_host, bytes_per_s, latency_s, local_bandwidth=2e9, local_latency=1e-4)
 
 
@@ -78,7 +93,7 @@ def predict(
     """The planner's step for ``ranks`` with bucket ``limits`` (bytes; default torch's caps, scaled as the lab runs
     them); ``compute`` stretches the prescribed layer times to what one rank measured (sleeps and autograd overhead
     run longer than prescribed), as a timeline recorded by Monitor would."""
-    model = SyntheticModel(args.model, scale=args.scale, layers=args.layers, time_scale=args.time_scale)
+    model = SyntheticModel(args.model, scale=args.scale, layers=args.layers, time_scale=_time_scale(args))
     layers = []
     start = 0
     for layer in model.layers:
@@ -103,6 +118,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--scale", type=float, default=64.0)
     parser.add_argument("--layers", type=int, default=24)
     parser.add_argument("--time-scale", type=float, default=1.0)
+    parser.add_argument("--slow-motion", type=float, default=1.0, help="run K times slower: layers x K, links / K")
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--warmup", type=int, default=14)
     parser.add_argument("--variants", default=VARIANTS, help="a subset of " + VARIANTS)
@@ -188,6 +204,7 @@ def _summarise(args: argparse.Namespace, link: planner.Topology, points: list[di
         "model": args.model,
         "link": args.link,
         "scale": args.scale,
+        "slow_motion": args.slow_motion,
         "ranks_per_host": args.ranks_per_host,
         "probe": {"bandwidth": link.bandwidth, "latency": link.latency},
         "rows": rows,
@@ -211,6 +228,9 @@ def markdown(summary: dict) -> str:
     for n in names[1:] if names[0] == "torch" else ():
         cells = [_paired(r[f"{n}_paired"]) for r in rows]
         lines.append(f"| {LABELS[n]} / torch, step by step | " + " | ".join(cells) + " |")
+    for n in names[1:] if names[0] == "torch" else ():
+        cells = [_efficiency_ratio(rows[0][f"{n}_paired"], r[f"{n}_paired"]) for r in rows]
+        lines.append(f"| {LABELS[n]} E / torch's E, from the steps | " + " | ".join(cells) + " |")
     # The planner prices torch's bucket caps: set it beside the runs with those settings.
     same = "gradsync_fixed" if "gradsync_fixed" in names else "gradsync"
     predicted = [f"{r['predicted_ms']:.0f} ({r['predicted_ms'] / r[f'{same}_ms']:.2f})" for r in rows]
@@ -227,6 +247,17 @@ def markdown(summary: dict) -> str:
     ok = all(r.get(f"{n}_averages_ok", True) for r in rows for n in names)
     lines.append(f"\nGradients equal to the exact average on every rank at every point: {'yes' if ok else 'NO'}.")
     return "\n".join(lines)
+
+
+def _efficiency_ratio(one: list[float | None], many: list[float | None]) -> str:
+    """E(N) over torch's E(N), from the step-by-step ratios r (gradsync / torch, same round): E = step(1) / step(N),
+    so the ratio is r(1) / r(N), free of the drift between separate medians. The range pairs the extremes."""
+    ones, manys = sorted(r for r in one if r is not None), sorted(r for r in many if r is not None)
+    if not ones or not manys:
+        return "-"
+    middle = statistics.median(ones) / statistics.median(manys)
+    low, high = ones[0] / manys[-1], ones[-1] / manys[0]
+    return f"{middle:.3f}" + (f" ({low:.3f}-{high:.3f})" if low != high else "")
 
 
 def _paired(ratios: list[float | None]) -> str:

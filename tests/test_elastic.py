@@ -22,6 +22,7 @@ from bench.elastic_lab import (  # noqa: E402
     finals,
     first_step_after,
     pid_of,
+    recoveries,
     scenario,
     unrecorded_shares,
 )
@@ -57,7 +58,7 @@ def test_survivors_continue_after_sigkill_and_the_worker_rejoins(tmp_path: Path)
     run = scenario(tmp_path, "sigkill")
     out, (_victim, _pid, when) = run["out"], run["faults"][0]
     assert [pid_of(out, "h0"), pid_of(out, "h2")] == run["survivors"]  # unchanged processes
-    assert first_step_after(out, when, run["survivors"]) < 3.0
+    assert first_step_after(out, when, run["survivors"]) < 3.0, recoveries(run["logs"])
     check_exactly_once(out, killed=1)
     ended = finals(out)
     assert len({round(f["checksum"], 6) for f in ended if f["steps"] == max(g["steps"] for g in ended)}) == 1
@@ -72,7 +73,7 @@ def test_survivors_continue_after_sigkill_and_the_worker_rejoins(tmp_path: Path)
 def test_survivors_continue_when_a_worker_goes_silent(tmp_path: Path, fault: str) -> None:
     run = scenario(tmp_path, fault)
     out, (_victim, _pid, when) = run["out"], run["faults"][0]
-    assert first_step_after(out, when, run["survivors"]) < 5.0 + 3.0  # heartbeat timeout + 3 s
+    assert first_step_after(out, when, run["survivors"]) < 5.0 + 3.0, recoveries(run["logs"])  # heartbeat + 3 s
     check_exactly_once(out)
 
 

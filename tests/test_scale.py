@@ -18,6 +18,7 @@ from gradsync.testing import spawn
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from bench import netlab  # noqa: E402
+from bench.scale import _efficiency_ratio  # noqa: E402
 from bench.scale_probe import fit_ring  # noqa: E402
 from bench.scale_worker import scale_tuner_bytes  # noqa: E402
 from bench.synthetic import SyntheticModel, bert_shapes, gpt2_shapes, resnet50_shapes  # noqa: E402
@@ -44,6 +45,14 @@ def test_probe_fit_inverts_the_ring_cost() -> None:
     assert fit_ring({4000: 6 * (1000 / 1e6 + 1e-4), 8000: 6 * (2000 / 1e6 + 1e-4)}, 4) == pytest.approx((1e-4, 1e6))
     # The latency from a 1-element all-reduce when one was timed: 6 hops of 0.2 ms.
     assert fit_ring({4000: 0.0066, 8000: 0.0126}, 4, one_element_s=0.0012) == pytest.approx((2e-4, 1e6))
+
+
+def test_efficiency_ratio_comes_from_the_step_by_step_ratios() -> None:
+    # gradsync 2% slower than torch at N = 1 and 1% at N = 8: E(8) / torch's E(8) = 1.02 / 1.01.
+    assert _efficiency_ratio([1.02], [1.01]) == "1.010"
+    expected = f"{1.02 / 1.02:.3f} ({1.00 / 1.03:.3f}-{1.04 / 1.01:.3f})"  # medians; the extremes paired
+    assert _efficiency_ratio([1.00, 1.02, 1.04], [1.01, 1.03]) == expected
+    assert _efficiency_ratio([None], [1.0]) == "-"
 
 
 def test_lab_scales_the_tuners_starting_and_candidate_caps(monkeypatch: pytest.MonkeyPatch) -> None:
