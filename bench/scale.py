@@ -229,7 +229,7 @@ def markdown(summary: dict) -> str:
         cells = [_paired(r[f"{n}_paired"]) for r in rows]
         lines.append(f"| {LABELS[n]} / torch, step by step | " + " | ".join(cells) + " |")
     for n in names[1:] if names[0] == "torch" else ():
-        cells = [_efficiency_ratio(rows[0][f"{n}_paired"], r[f"{n}_paired"]) for r in rows]
+        cells = ["1"] + [_efficiency_ratio(rows[0][f"{n}_paired"], r[f"{n}_paired"]) for r in rows[1:]]
         lines.append(f"| {LABELS[n]} E / torch's E, from the steps | " + " | ".join(cells) + " |")
     # The planner prices torch's bucket caps: set it beside the runs with those settings.
     same = "gradsync_fixed" if "gradsync_fixed" in names else "gradsync"

@@ -36,7 +36,8 @@ def plot(summary: dict, out: Path) -> Path | None:
         axis.grid(alpha=0.3)
     eff.set_ylim(0, 1.1)
     title = f"{summary['model']}, {summary['ranks_per_host']} ranks per host, {summary['link']} per host (scaled 1/"
-    fig.suptitle(title + f"{summary['scale']:g})")
+    slow = summary.get("slow_motion", 1.0)
+    fig.suptitle(title + f"{summary['scale']:g}" + (f", slow motion x{slow:g})" if slow != 1 else ")"))
     fig.tight_layout()
     fig.savefig(out, dpi=110)
     plt.close(fig)
