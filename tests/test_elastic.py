@@ -58,9 +58,17 @@ def test_survivors_continue_after_sigkill_and_the_worker_rejoins(tmp_path: Path)
     run = scenario(tmp_path, "sigkill")
     out, (_victim, _pid, when) = run["out"], run["faults"][0]
     assert [pid_of(out, "h0"), pid_of(out, "h2")] == run["survivors"]  # unchanged processes
-    assert first_step_after(out, when, run["survivors"]) < 3.0, recoveries(run["logs"])
+    # A survivor waiting in a collective for the other survivor's data (not the dead worker's) learns of the death
+    # only at the group's timeout: gloo cannot abort a collective (abort(), shutdown() and the peer destroying its
+    # group leave a pending recv blocked; checked by hand on torch 2.13). Otherwise the launcher's report is fast.
+    blocked = any("Timed out waiting" in log for log in run["logs"])
+    assert first_step_after(out, when, run["survivors"]) < (5.0 + 3.0 if blocked else 3.0), recoveries(run["logs"])
     check_exactly_once(out, killed=1)
     ended = finals(out)
+    # Admitting the restarted worker holds the members only for the group and the state sync: the joiner pays its
+    # slow imports (torch._dynamo, which its optimizer would import) before it asks to join. 2.4-3 s before.
+    admissions = [r["seconds"] for f in ended for r in f["recoveries"] if r["world_after"] > r["world_before"]]
+    assert max(admissions, default=0.0) < 1.5, admissions  # none when the joiner came in with the failure round
     assert len({round(f["checksum"], 6) for f in ended if f["steps"] == max(g["steps"] for g in ended)}) == 1
     ref_loss = finals(reference["out"])[0]["loss"]
     assert all(abs(f["loss"] - ref_loss) <= 0.15 * ref_loss + 0.01 for f in ended)

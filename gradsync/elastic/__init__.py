@@ -29,6 +29,7 @@ and ends (restart it from a checkpoint, e.g. ``gradsync run --max-restarts``). S
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 
@@ -47,6 +48,7 @@ def init(timeout: float = 10.0) -> Membership:
     a member counts as lost."""
     job = Membership.connect(timeout)
     if os.environ.get(REJOIN_VARIABLE) == "1" or job.job_running():
+        _import_before_joining()
         job.request_to_join()
         try:
             round_ = job.next_round()
@@ -62,3 +64,11 @@ def init(timeout: float = 10.0) -> Membership:
             logging.getLogger("gradsync").warning("gradsync elastic: %s; trying the next round", exc)
             round_ = job.next_round()
     raise GradsyncError(f"could not form a process group in {MAX_FUTILE_RECOVERIES} rounds")
+
+
+def _import_before_joining() -> None:
+    """torch's optimizers import torch._dynamo when the first one is built (about 2 s on CPU). A joiner builds its
+    optimizer after it was admitted, between its DistributedDataParallel and the state sync, and every member waits
+    at that step boundary meanwhile: pay the import before asking to join."""
+    with contextlib.suppress(ImportError):
+        import torch._dynamo  # noqa: F401
