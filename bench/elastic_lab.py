@@ -6,8 +6,8 @@ tests/test_elastic.py, and measured by ``python -m bench.elastic_lab``:
 
 which reports, per SIGKILL of one worker: how long the survivors paused (the kill to their next committed step,
 against their usual step), how long until the restarted worker committed a step again (rejoined over the network),
-and how long a fresh job takes from launch to its first step, the least a restart-from-checkpoint pays on top of
-the work lost since the checkpoint.
+how long the survivors stopped to admit it (the new group and the state sync), and how long a fresh job takes from
+launch to its first step, the least a restart-from-checkpoint pays on top of the work lost since the checkpoint.
 """
 
 from __future__ import annotations
@@ -190,10 +190,12 @@ def measure(tmp: Path) -> dict[str, float]:
     survivor_times = [e["t"] for e in events if e["pid"] == run["survivors"][0]]
     before = [b - a for a, b in zip(survivor_times, survivor_times[1:]) if b < when][-10:]
     rejoined = min(e["t"] for e in events if e["pid"] not in (*run["survivors"], pid) and e["t"] > when)
+    admitted = [r["seconds"] for f in finals(out) for r in f["recoveries"] if r["world_after"] > r["world_before"]]
     return {
         "usual step s": statistics.median(before),
         "survivors paused s": first_step_after(out, when, run["survivors"]),
         "worker back s": rejoined - when,
+        "survivors held to admit it s": max(admitted, default=0.0),
         "fresh job to first step s": events[0]["t"] - started,
     }
 
