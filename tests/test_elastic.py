@@ -60,9 +60,10 @@ def test_survivors_continue_after_sigkill_and_the_worker_rejoins(tmp_path: Path)
     assert [pid_of(out, "h0"), pid_of(out, "h2")] == run["survivors"]  # unchanged processes
     # A survivor waiting in a collective for the other survivor's data (not the dead worker's) learns of the death
     # only at the group's timeout: gloo cannot abort a collective (abort(), shutdown() and the peer destroying its
-    # group leave a pending recv blocked; checked by hand on torch 2.13). Otherwise the launcher's report is fast.
+    # group leave a pending recv blocked; checked by hand on torch 2.13). Otherwise the launcher's report is fast:
+    # 0.3-0.8 s, 2.2 s where gloo's all-reduce failed late; under the 5 s a missed report (heartbeat) would cost.
     blocked = any("Timed out waiting" in log for log in run["logs"])
-    assert first_step_after(out, when, run["survivors"]) < (5.0 + 3.0 if blocked else 3.0), recoveries(run["logs"])
+    assert first_step_after(out, when, run["survivors"]) < (5.0 + 3.0 if blocked else 4.5), recoveries(run["logs"])
     check_exactly_once(out, killed=1)
     ended = finals(out)
     # Admitting the restarted worker holds the members only for the group and the state sync: the joiner pays its
