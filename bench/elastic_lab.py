@@ -118,6 +118,11 @@ def first_step_after(out: Path, when: float, pids: list[int]) -> float:
     return min(e["t"] for e in events_of(out) if e["t"] > when and e["pid"] in pids) - when
 
 
+def admission_seconds(out: Path) -> list[float]:
+    """How long the members stopped at each step boundary that admitted a worker (a new group, the state sync)."""
+    return [r["seconds"] for f in finals(out) for r in f["recoveries"] if r["world_after"] > r["world_before"]]
+
+
 def recoveries(logs: list[str]) -> str:
     """The workers' recovery lines (who was lost, how it was found: the launcher's report or a heartbeat, and how
     long the new round took): what a pause longer than expected needs explained."""
@@ -190,12 +195,11 @@ def measure(tmp: Path) -> dict[str, float]:
     survivor_times = [e["t"] for e in events if e["pid"] == run["survivors"][0]]
     before = [b - a for a, b in zip(survivor_times, survivor_times[1:]) if b < when][-10:]
     rejoined = min(e["t"] for e in events if e["pid"] not in (*run["survivors"], pid) and e["t"] > when)
-    admitted = [r["seconds"] for f in finals(out) for r in f["recoveries"] if r["world_after"] > r["world_before"]]
     return {
         "usual step s": statistics.median(before),
         "survivors paused s": first_step_after(out, when, run["survivors"]),
         "worker back s": rejoined - when,
-        "survivors held to admit it s": max(admitted, default=0.0),
+        "survivors held to admit it s": max(admission_seconds(out), default=0.0),
         "fresh job to first step s": events[0]["t"] - started,
     }
 

@@ -18,6 +18,7 @@ from bench import netlab  # noqa: E402
 from bench.elastic_lab import (  # noqa: E402
     HOSTS,
     SAMPLES,
+    admission_seconds,
     check_exactly_once,
     finals,
     first_step_after,
@@ -68,7 +69,7 @@ def test_survivors_continue_after_sigkill_and_the_worker_rejoins(tmp_path: Path)
     ended = finals(out)
     # Admitting the restarted worker holds the members only for the group and the state sync: the joiner pays its
     # slow imports (torch._dynamo, which its optimizer would import) before it asks to join. 2.4-3 s before.
-    admissions = [r["seconds"] for f in ended for r in f["recoveries"] if r["world_after"] > r["world_before"]]
+    admissions = admission_seconds(out)
     assert max(admissions, default=0.0) < 1.5, admissions  # none when the joiner came in with the failure round
     assert len({round(f["checksum"], 6) for f in ended if f["steps"] == max(g["steps"] for g in ended)}) == 1
     ref_loss = finals(reference["out"])[0]["loss"]

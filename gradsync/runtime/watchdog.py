@@ -68,16 +68,7 @@ class Watchdog(threading.Thread):
 
     def last_progress(self) -> float | None:
         """When a rank last marked progress; None before any rank has (start-up is not watched)."""
-        return max(self._marker_stats(), default=None)
-
-    def _marker_stats(self) -> list[float]:
-        stats = []
-        for marker in self.folder.glob("rank*"):
-            try:
-                stats.append(marker.stat().st_mtime)
-            except FileNotFoundError:
-                continue
-        return stats
+        return max((marker.stat().st_mtime for marker in self.folder.glob("rank*")), default=None)
 
     def stop(self) -> None:
         self._stop_event.set()
