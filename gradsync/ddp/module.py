@@ -8,6 +8,8 @@ collective goes through the model's :class:`~gradsync.collectives.Communicator`.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -19,6 +21,7 @@ from torch.distributed.algorithms.join import Join, Joinable, JoinHook
 from gradsync import settings
 from gradsync.collectives.communicator import Communicator, Op
 from gradsync.collectives.tensors import broadcast_tensors
+from gradsync.ddp import compiled
 from gradsync.ddp.arguments import (
     Config,
     bucket_bytes_caps,
@@ -159,6 +162,8 @@ class DistributedDataParallel(nn.Module, Joinable):
             skip_unused=config.skip_unused,
         )
         self._comm_hook_registered = False
+        self._graph_split = compiled.GraphSplit(self.reducer.steady_bucket_cap)
+        self._unsplit_checked = False
 
     def rebuild_for_new_group(self) -> None:
         """After the default process group was replaced (gradsync.elastic forms one per membership round): a new
@@ -179,7 +184,7 @@ class DistributedDataParallel(nn.Module, Joinable):
                 "torch): the copy rebuilds itself on the default group. Wrap with process_group=None."
             )
         state = dict(self.__dict__)
-        for name in ("reducer", "_comm", "_buffer_sync", "_recorder", "_params", "_progress"):
+        for name in ("reducer", "_comm", "_buffer_sync", "_recorder", "_params", "_progress", "_graph_split"):
             state.pop(name, None)
         return state
 
@@ -223,9 +228,16 @@ class DistributedDataParallel(nn.Module, Joinable):
         return self._comm
 
     # ------------------------------------------------------------------------------------------------- forward
+    @compiled.frame_outside_compiled_graph
     def forward(self, *inputs: Any, **kwargs: Any) -> Any:
-        with torch.autograd.profiler.record_function("DistributedDataParallel.forward"):  # torch's profiler label
-            return self._forward(inputs, kwargs)
+        # Only the module's call is left for dynamo to compile (torch.compile(ddp)); the rest runs eagerly.
+        call = self._before_module(inputs, kwargs)
+        try:
+            output = self.module(*call.inputs, **call.kwargs)
+        except BaseException:
+            self._abandon_module_call(call)
+            raise
+        return self._after_module(output, call)
 
     def _check_still_frozen(self) -> None:
         """A parameter frozen at construction has no hook and no bucket: unfrozen later, its gradients would stay
@@ -238,23 +250,52 @@ class DistributedDataParallel(nn.Module, Joinable):
                     "changing requires_grad), or freeze it again."
                 )
 
-    def _forward(self, inputs: tuple, kwargs: dict[str, Any]) -> Any:
-        synced = torch.is_grad_enabled() and self.require_backward_grad_sync
-        broadcast = self._buffer_sync.due(self.forward_sync_buffers, self.require_forward_param_sync)
-        if synced:
-            self._recorder.forward_start()
-            self._progress()
-            self._check_still_frozen()
-        scale = self._notify_join(synced, broadcast)
-        self._collectives_before_forward(synced, broadcast)
-        if self.device_ids is not None:
-            device = torch.device(self._params[0].device.type, self.device_ids[0])
-            inputs, kwargs = map_tensors(lambda t: t.to(device, non_blocking=True), (inputs, kwargs))
-        output = self.module(*inputs, **kwargs)
-        self.require_forward_param_sync = synced
-        if synced:
+    @compiled.outside_compiled_graph
+    def _before_module(self, inputs: tuple, kwargs: dict[str, Any]) -> _ModuleCall:
+        call = _ModuleCall(inputs, kwargs, torch.is_grad_enabled() and self.require_backward_grad_sync)
+        call.profiled.__enter__()
+        try:
+            broadcast = self._buffer_sync.due(self.forward_sync_buffers, self.require_forward_param_sync)
+            if call.synced:
+                self._recorder.forward_start()
+                self._progress()
+                self._check_still_frozen()
+            call.scale = self._notify_join(call.synced, broadcast)
+            self._collectives_before_forward(call.synced, broadcast)
+            if self.device_ids is not None:
+                device = torch.device(self._params[0].device.type, self.device_ids[0])
+                call.inputs, call.kwargs = map_tensors(lambda t: t.to(device, non_blocking=True), (inputs, kwargs))
+        except BaseException:
+            call.profiled.__exit__(None, None, None)
+            raise
+        call.frames_split = self._graph_split.frames_split
+        call.outer_split = compiled.engage(self._graph_split)
+        return call
+
+    def _warn_if_compiled_unsplit(self, outputs: list[torch.Tensor]) -> None:
+        """At the first synced forward: a compiled graph that dynamo did not split cannot overlap (say so, once)."""
+        if self._unsplit_checked:
+            return
+        self._unsplit_checked = True
+        if self._graph_split.frames_split == 0 and compiled.made_by_compiled_graph(outputs):
+            warnings.warn(compiled.unsplit_graph_warning(), RuntimeWarning, stacklevel=4)
+
+    @compiled.outside_compiled_graph
+    def _abandon_module_call(self, call: _ModuleCall) -> None:
+        compiled.release(call.outer_split)
+        call.profiled.__exit__(None, None, None)
+
+    @compiled.outside_compiled_graph
+    def _after_module(self, output: Any, call: _ModuleCall) -> Any:
+        self._abandon_module_call(call)
+        if self._graph_split.frames_split != call.frames_split:
+            self.reducer.compiled_in_pieces()
+        self.require_forward_param_sync = call.synced
+        if call.synced:
             self._recorder.forward_end()
-            self.reducer.prepare_for_backward(iter_tensors(output), scale)
+            outputs = list(iter_tensors(output))
+            self._warn_if_compiled_unsplit(outputs)
+            self.reducer.prepare_for_backward(outputs, call.scale)
             if self.reducer.needs_output_sink:
                 output = replace_tensors(output, self._through_sink)
         elif torch.is_grad_enabled():
@@ -408,6 +449,21 @@ class _DDPJoinHook(JoinHook):
 
     def post_hook(self, is_last_joiner: bool) -> None:
         self.ddp.sync_final_model(is_last_joiner)
+
+
+@dataclasses.dataclass
+class _ModuleCall:
+    """One forward's state between the eager steps around the module's (possibly compiled) call."""
+
+    inputs: tuple
+    kwargs: dict[str, Any]
+    synced: bool  # this forward's backward averages gradients
+    scale: float = 1.0
+    frames_split: int = 0  # GraphSplit.frames_split before the call: more after it means dynamo compiled here
+    outer_split: object = None
+    profiled: Any = dataclasses.field(
+        default_factory=lambda: torch.autograd.profiler.record_function("DistributedDataParallel.forward")
+    )
 
 
 def _no_progress() -> None:

@@ -106,3 +106,13 @@ def hook_mismatch(everyone: Sequence[str], global_rank: Callable[[int], int]) ->
         f"every rank must reduce gradients the same way, but {listed}. Call register_comm_hook with the same hook "
         "on every rank (not under `if rank == 0:`), before the first backward."
     )
+
+
+def compiled_autograd() -> str:
+    return (
+        "compiled autograd (torch._dynamo.config.compiled_autograd with backward() inside a compiled function) "
+        "traces the gradient hooks, and gradsync's reducer is Python that must run eagerly: it cannot be traced. "
+        "Call loss.backward() outside the compiled function, or set torch._dynamo.config.compiled_autograd = "
+        "False; the compiled forward still overlaps each bucket's all-reduce with backward "
+        "(torch._dynamo.config.optimize_ddp='ddp_optimizer', the default)."
+    )

@@ -109,6 +109,17 @@ class Reducer:
             handle.remove()
         self._on_ready = ready.accumulate_locally
 
+    def steady_bucket_cap(self) -> int:
+        """The byte cap of every bucket after the first, in the current layout."""
+        return self.layout.limits[-1]
+
+    def compiled_in_pieces(self) -> None:
+        """torch.compile split the model's graph at this reducer's cap (:mod:`gradsync.ddp.compiled`): each
+        piece's backward is one autograd node. The split is fixed when dynamo compiles, so the caps are too: a
+        tuner's proposal would need a split, and a recompile, of its own (its trial would recompile at every step).
+        The one-time rebuild still happens: it reorders the buckets into the pieces' order, which needs none."""
+        self._rebuild.disable_tuning()
+
     def describe_bucket(self, k: int) -> str:
         return messages.bucket_description(self.layout.buckets[k], len(self.layout), self.names)
 
@@ -242,6 +253,8 @@ class Reducer:
         """The first gradient of a synced backward: arm the end-of-backward check, then handle it."""
         step = self._step
         assert step is not None
+        if torch.compiler.is_compiling():
+            raise ConfigError(messages.compiled_autograd())
         self._agree_on_hook_once()
         step.started = time.perf_counter()
         self._rebuild.backward_started(step.started)
