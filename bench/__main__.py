@@ -55,6 +55,7 @@ def _worker_argv(args, out: Path) -> list[str]:
         str(args.batch),
         "--out",
         str(out),
+        *(["--compile", args.compile, "--backend", args.backend] if getattr(args, "compile", None) else []),
     ]
 
 
@@ -104,13 +105,27 @@ def run(args) -> dict:
     return result
 
 
+def add_compile_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--compile",
+        choices=("outer", "inner"),
+        default=None,
+        help="compile every variant: outer is torch.compile(DDP(model)), inner is DDP(torch.compile(model)) "
+        "(nanoGPT's order); local and allreduce compile the plain model",
+    )
+    parser.add_argument("--backend", default="inductor", help="torch.compile's backend with --compile")
+
+
 def table(result: dict) -> Table:
     bound = result.get("overlap_bound_ms")
     title = f"{result['model']} on {result['link']}, batch {result['batch']}, {result['steps']} steps"
     if bound:
         title += f"; overlap bound {bound:.1f} ms"
+    if result.get("compile"):
+        title += f"; compiled ({result['compile']}, {result['backend']})"
     t = Table(title=title)
-    for col in ("variant", "median ms", "vs torch", "vs bound", "fwd", "bwd", "optim", "MiB sent", "optim state MiB"):
+    columns = ("variant", "median ms", "vs torch", "vs bound", "fwd", "bwd", "exposed", "optim", "MiB sent", "opt MiB")
+    for col in columns:
         t.add_column(col, justify="right")
     for spec, v in result["variants"].items():
         ratio = v.get("ratio_vs_torch")
@@ -121,6 +136,7 @@ def table(result: dict) -> Table:
             f"{v['median_ms'] / bound:.2f}" if bound else "-",
             f"{v['forward_ms']:.1f}",
             f"{v['backward_ms']:.1f}",
+            f"{v['exposed_comm_ms']:.1f}" if "exposed_comm_ms" in v else "-",
             f"{v['optimizer_ms']:.1f}",
             f"{v['wire_bytes'] / 2**20:.1f}",
             f"{v.get('optimizer_state_bytes', 0) / 2**20:.1f}",
@@ -147,6 +163,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--timeout", type=float, default=900)
     parser.add_argument("--out", default="bench/results/latest.json")
+    add_compile_arguments(parser)
     args = parser.parse_args(argv)
     result = run(args)
     Console(width=150).print(table(result))

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import SimpleNamespace
 
-from bench.__main__ import run
+from bench.__main__ import add_compile_arguments, run
 from gradsync.reducer.rebuild import TRIAL_PAIRS
 
 SAME, DEFAULT = "gradsync:tune=0", "gradsync"
@@ -38,13 +38,17 @@ def summarize(results: list[dict]) -> dict:
     """Per variant: each run's ratio against torch; and default against same settings, each run and median."""
     specs = list(results[0]["variants"])
     out: dict = {"model": results[0]["model"], "link": results[0]["link"], "runs": len(results), "variants": {}}
+    out["compile"] = results[0].get("compile")
     for spec in specs:
         ratios = [r["variants"][spec].get("ratio_vs_torch") for r in results]
         tunings = [r["variants"][spec].get("bucket_tuning") for r in results]
+        exposed = [r["variants"][spec].get("exposed_comm_ms") for r in results]
         out["variants"][spec] = {
             "vs_torch_runs": ratios,
             "vs_torch": statistics.median(x for x in ratios if x is not None) if any(ratios) else None,
             "tuning_runs": tunings,
+            "exposed_comm_ms": statistics.median(exposed) if all(x is not None for x in exposed) else None,
+            "graph_split_runs": [r["variants"][spec].get("graph_split") for r in results],
         }
     same = [paired(r, DEFAULT, SAME) for r in results]
     if all(x is not None for x in same):
@@ -65,6 +69,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--timeout", type=float, default=1800)
     parser.add_argument("--out", default="bench/results/repeat")
+    add_compile_arguments(parser)
     args = parser.parse_args(argv)
     folder = Path(args.out)
     folder.mkdir(parents=True, exist_ok=True)
@@ -80,7 +85,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             summaries.append(summary)
             print(json.dumps(summary, indent=1), flush=True)
     (folder / "summary.json").write_text(json.dumps(summaries, indent=1))
-    print(markdown(summaries))
+    print(markdown(summaries) if not args.compile else compiled_markdown(summaries))
     return 0
 
 
@@ -102,6 +107,24 @@ def markdown(summaries: list[dict]) -> str:
             f"| {s['model']} | {s['link']} | {cell(s.get('default_vs_same'), s.get('default_vs_same_runs', []))} | "
             f"{cell(v[DEFAULT]['vs_torch'], v[DEFAULT]['vs_torch_runs'])} | "
             f"{cell(v[SAME]['vs_torch'], v[SAME]['vs_torch_runs'])} |"
+        )
+    return "\n".join(rows)
+
+
+def compiled_markdown(summaries: list[dict]) -> str:
+    """``--compile``: compiled gradsync × compiled torch per model and link, and the communication each left exposed
+    (its backward beyond the compiled local backward)."""
+    rows = [
+        "| model | link | order | gradsync × torch (runs) | exposed ms: torch / gradsync |",
+        "|---|---|---|---|---|",
+    ]
+    for s in summaries:
+        v = s["variants"]
+        ours = next(spec for spec in v if spec.startswith("gradsync"))
+        runs = ", ".join(f"{x:.3f}" for x in v[ours]["vs_torch_runs"] if x is not None)
+        exposed = f"{v['torch']['exposed_comm_ms']:.1f} / {v[ours]['exposed_comm_ms']:.1f}"
+        rows.append(
+            f"| {s['model']} | {s['link']} | {s['compile']} | {v[ours]['vs_torch']:.3f} ({runs}) | {exposed} |"
         )
     return "\n".join(rows)
 

@@ -38,6 +38,7 @@ class Variant:
     memory: Callable[[], int]  # bytes of gradient storage (grads + buckets) after a step
     optimizer_state: Callable[[], int]  # bytes of optimizer state on this rank
     tuning: Callable[[], str | None]  # the bucket tuner's decision, if it made one
+    graph_split: Callable[[], int | None]  # compiled gradsync: frames dynamo split at bucket boundaries
 
 
 def parse(spec: str) -> tuple[str, dict[str, str]]:
@@ -103,10 +104,19 @@ def _no_overlap_hook():
     return hook
 
 
-def build(spec: str, model_name: str, seed: int = 0) -> Variant:
+def build(
+    spec: str, model_name: str, seed: int = 0, compile_order: str | None = None, backend: str = "inductor"
+) -> Variant:
+    """``compile_order``: None (eager), ``"outer"`` (torch.compile(DDP(model))) or ``"inner"``
+    (DDP(torch.compile(model)), nanoGPT's order); the variants without DDP compile the plain model."""
     kind, opts = parse(spec)
     torch.manual_seed(seed)
     module, _ = make(model_name)
+    # A class of its own per variant: dynamo keys compiled code by the forward's code object, and the variants of
+    # one run must not share a graph (split for one DDP's buckets, or not split at all for the local variant).
+    module.__class__ = type(f"{type(module).__name__}_{len(_VARIANT_CLASSES)}", (type(module),), {})
+    _VARIANT_CLASSES.append(module.__class__)
+    wrapped = torch.compile(module, backend=backend) if compile_order == "inner" else module
     params = [p for p in module.parameters() if p.requires_grad]
     grad_bytes = sum(p.numel() * p.element_size() for p in params)
     opt_class, opt_kw = (
@@ -127,13 +137,13 @@ def build(spec: str, model_name: str, seed: int = 0) -> Variant:
     if kind == "local":
         net, ddp = module, None
     elif kind == "torch":
-        net = ddp = torch.nn.parallel.DistributedDataParallel(module, bucket_cap_mb=cap, **buffer_kw)
+        net = ddp = torch.nn.parallel.DistributedDataParallel(wrapped, bucket_cap_mb=cap, **buffer_kw)
     elif kind == "gradsync":
         if opts.get("debug") == "1":
             os.environ["GRADSYNC_DEBUG"] = "1"
         os.environ["GRADSYNC_BUCKET_TUNING"] = opts.get("tune", "1")  # read at construction
         net = ddp = gradsync.DistributedDataParallel(
-            module,
+            wrapped,
             bucket_cap_mb=cap,
             gradient_as_bucket_view=opts.get("view") == "1",
             **buffer_kw,
@@ -152,6 +162,8 @@ def build(spec: str, model_name: str, seed: int = 0) -> Variant:
         from gradsync.observe import Monitor
 
         Monitor(ddp, opt)
+    if compile_order is not None:
+        net = torch.compile(net, backend=backend) if compile_order == "outer" or ddp is None else net
     accum = int(opts.get("accum", "1"))
     # Only a requested hook is registered: a Python hook would take torch's DDP off its C++ all-reduce path.
     if ddp is not None and "hook" in opts:
@@ -204,4 +216,11 @@ def build(spec: str, model_name: str, seed: int = 0) -> Variant:
         decision = getattr(getattr(ddp, "reducer", None), "tuning", None)
         return decision.describe() if decision is not None else None
 
-    return Variant(spec, module, step, grad_bytes, wire_bytes, memory, optimizer_state, tuning)
+    def graph_split() -> int | None:
+        split = getattr(ddp, "_graph_split", None) if kind == "gradsync" else None
+        return split.frames_split if split is not None else None
+
+    return Variant(spec, module, step, grad_bytes, wire_bytes, memory, optimizer_state, tuning, graph_split)
+
+
+_VARIANT_CLASSES: list[type] = []

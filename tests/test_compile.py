@@ -10,7 +10,11 @@ compiled backward.
 from __future__ import annotations
 
 import inspect
+import os
+import subprocess
+import sys
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -249,3 +253,47 @@ def test_engage_and_release_restore_the_outer_split() -> None:
     assert outer.bucket_bytes_cap == 1 << 20  # raised to DDPOptimizer's first piece, which it requires
     compiled.release(first)
     assert nn.parallel.DistributedDataParallel._get_active_ddp_module() is None
+
+
+# ------------------------------------------------------------------------------------------------- nanoGPT's order
+def _gpt(rank: int, world: int, impl: str, backend: str) -> dict[str, torch.Tensor]:
+    """nanoGPT's loop: compile the model, then wrap it; accumulate with require_backward_grad_sync; AdamW."""
+    from bench.zoo import make
+
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model, batch = make("gpt")
+    ddp_class = gradsync.DistributedDataParallel if impl == "gradsync" else nn.parallel.DistributedDataParallel
+    ddp = ddp_class(torch.compile(model, backend=backend))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    micro = 2
+    for step in range(3):
+        for m in range(micro):
+            x, loss_fn = batch(4, torch.Generator().manual_seed(100 * step + 10 * m + rank))
+            ddp.require_backward_grad_sync = m == micro - 1
+            (loss_fn(ddp(x)) / micro).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+@pytest.mark.timeout(900)
+def test_nanogpt_order_matches_torch() -> None:
+    ours = spawn(_gpt, 2, args=("gradsync", "inductor"), timeout=840)
+    theirs = spawn(_gpt, 2, args=("torch", "inductor"), timeout=840)
+    for rank in range(2):
+        diff = _max_diff(ours[rank], theirs[rank])
+        assert diff <= 1e-5, f"rank {rank}: compiled GPT differs from torch's compiled DDP by {diff:.3g}"
+
+
+@pytest.mark.timeout(400)
+def test_the_readme_example_runs_as_written(tmp_path: Path) -> None:
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    section = readme[readme.index("## Compiled training") :]
+    script = tmp_path / "compiled.py"
+    script.write_text(section.split("```python\n", 1)[1].split("```", 1)[0])
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RANK", "WORLD_SIZE", "MASTER_"))}
+    cmd = [sys.executable, "-m", "gradsync", "run", "--nproc-per-node", "2", "--standalone", str(script)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=360, env=env, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    assert "without a split" not in proc.stderr, proc.stderr[-2000:]
