@@ -111,11 +111,10 @@ class GraphSplit:
         return _MISSING is None
 
 
-@outside_compiled_graph
 def engage(split: GraphSplit) -> object:
     """From now on, a frame dynamo compiles is split at ``split``'s cap; returns what :func:`release` restores (an
-    outer DDP's split, when DDPs nest). Two calls rather than a context manager: a generator frame inside
-    DDP's forward would be traced by dynamo under ``torch.compile(ddp)``."""
+    outer DDP's split, when DDPs nest). Two calls rather than a context manager, each made from a frame dynamo does
+    not trace (a generator frame inside DDP's forward would be traced under ``torch.compile(ddp)``)."""
     if _MISSING is not None:
         return None
     previous = _TorchDDP._active_ddp_module
@@ -123,7 +122,6 @@ def engage(split: GraphSplit) -> object:
     return previous
 
 
-@outside_compiled_graph
 def release(previous: object) -> None:
     """Undo :func:`engage`."""
     if _MISSING is None:

@@ -282,12 +282,16 @@ class DistributedDataParallel(nn.Module, Joinable):
 
     @compiled.outside_compiled_graph
     def _abandon_module_call(self, call: _ModuleCall) -> None:
+        """The module raised: undo what :meth:`_before_module` set up."""
+        self._end_module_call(call)
+
+    def _end_module_call(self, call: _ModuleCall) -> None:
         compiled.release(call.outer_split)
         call.profiled.__exit__(None, None, None)
 
     @compiled.outside_compiled_graph
     def _after_module(self, output: Any, call: _ModuleCall) -> Any:
-        self._abandon_module_call(call)
+        self._end_module_call(call)
         if self._graph_split.frames_split != call.frames_split:
             self.reducer.compiled_in_pieces()
         self.require_forward_param_sync = call.synced
