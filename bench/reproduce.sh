@@ -27,6 +27,11 @@ $PY -m bench --model mlp --link 1gbit --steps 15 --out bench/results/mlp-1gbit-o
 # Both at their defaults with Adam, and gradsync's OverlappedOptimizer on its tuned buckets.
 $PY -m bench --model mlp --link 1gbit --steps 12 --out bench/results/mlp-1gbit-adam-defaults.json --variants \
   "torch:opt=adam;gradsync:opt=adam;gradsync:opt=adam,overlap_opt=1"
+# Compiled training (README, "Compiled training"): compiled gradsync x compiled torch, both wrapping orders.
+for order in inner outer; do
+  $PY -m bench.repeat --runs 3 --models mlp,gpt,cnn --links loopback,1gbit --compile "$order" \
+      --variants "local;torch;gradsync" --steps 10 --warmup 6 --out "bench/results/compiled-$order"
+done
 # The tuner's check (README, "Bucket sizes"), scaling (README, "Scaling"), sending less ("Sending less"),
 # elastic recovery ("Surviving failures") and the bad-input sweep ("When something goes wrong").
 $PY -m bench.repeat --runs 3 --models mlp,lnmlp,cnn,tiny --links loopback,1gbit --steps 20 --out bench/results/tuner/fast

@@ -74,3 +74,51 @@ def test_every_collective_goes_through_the_communicator(tmp_path) -> None:
         assert r["outside"] == [], r["outside"]
         assert "paired steps" in r["tuning"]  # the trial ran, on the joined rank too
     assert results[0]["sequence"] == results[1]["sequence"]  # the joined rank issued exactly as many
+
+
+def _object_collectives_device(rank: int, world_size: int) -> list[str]:
+    """NCCL stages object collectives on torch.cuda.current_device(): gradsync enters its owner's device first.
+    Recorded with a fake torch.cuda.device (this machine has no GPU; gloo carries the bytes)."""
+    import contextlib as _contextlib
+
+    from gradsync.collectives import Communicator, Op
+
+    entered: list[str] = []
+
+    @_contextlib.contextmanager
+    def recording_device(device: torch.device):
+        entered.append(str(device))
+        yield
+
+    torch.cuda.device = recording_device  # this rank's process only
+    comm = Communicator(None, device=torch.device("cuda", rank))
+    comm.all_gather_object(Op.HOOK_CHECK, rank)
+    comm.broadcast_object(Op.PLAN_BROADCAST, rank)
+    Communicator(None, device=torch.device("cpu")).all_gather_object(Op.HOOK_CHECK, rank)
+    return entered
+
+
+def test_object_collectives_run_on_the_owners_cuda_device() -> None:
+    results = spawn(_object_collectives_device, timeout=60)
+    assert results == [["cuda:0", "cuda:0"], ["cuda:1", "cuda:1"]]
+
+
+def test_the_timeout_is_read_from_the_backend_of_the_owners_device(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A CUDA model's collectives run on NCCL: its timeout bounds them, not the CPU side's (or gradsync's 600 s).
+    A stand-in group answers per device, since this machine has no NCCL."""
+    import datetime
+    from types import SimpleNamespace
+
+    from gradsync.collectives import Communicator
+
+    seconds = {"cuda": 42.0, "cpu": 7.0}
+
+    class Group:
+        def _get_backend(self, device: torch.device) -> SimpleNamespace:
+            timeout = datetime.timedelta(seconds=seconds[device.type])
+            return SimpleNamespace(options=SimpleNamespace(_timeout=timeout))
+
+    monkeypatch.setattr(Communicator, "group", property(lambda self: Group()))
+    assert Communicator(None, device=torch.device("cuda", 0)).timeout_seconds() == 42.0
+    assert Communicator(None, device=torch.device("cpu")).timeout_seconds() == 7.0
+    assert Communicator(None).timeout_seconds() == 7.0

@@ -100,6 +100,7 @@ def _train(rank: int, impl: str, order: str, mode: str, backend: str, fullgraph:
     ddp, run = _wrap(impl, order, model, ddp_kwargs, backend, fullgraph)
     _register_hook(ddp, hook)
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    compiled_frames = []
     for step in range(STEPS):
         opt.zero_grad(set_to_none=True)
         for m in range(micro):
@@ -108,6 +109,11 @@ def _train(rank: int, impl: str, order: str, mode: str, backend: str, fullgraph:
             ddp.require_backward_grad_sync = m == micro - 1  # nanoGPT's accumulation idiom
             (run(x).pow(2).mean() / micro).backward()
         opt.step()
+        if impl == "gradsync":
+            compiled_frames.append(ddp._graph_split.frames_split)
+    if impl == "gradsync" and order != "eager":
+        # Dynamo converted frames at the first step only: no recompile at the rebuild, under no_sync, or later.
+        assert compiled_frames[0] > 0 and len(set(compiled_frames)) == 1, compiled_frames
     state = {k: v.detach().clone() for k, v in model.state_dict().items()}
     if impl == "gradsync" and order != "eager" and mode == "tuned_default":
         assert ddp.reducer.tuning is None, "the tuner ran on a compiled model, whose split fixes the caps"

@@ -132,3 +132,47 @@ def test_bucket_cap_mb_list_caps_each_bucket_like_torch() -> None:
         # the last one left over); kept at the rebuild, never tuned.
         assert result["sizes"] == [[2, 4, 4, 2]] * 3
         assert result["diff"] <= 1e-6
+
+
+def test_a_module_on_several_devices_is_refused_by_name() -> None:
+    """Each device's backward runs on an autograd thread of its own, so hooks would race: refused at the boundary.
+    The check reads only each parameter's device, so plain stand-ins show it without a GPU."""
+    from types import SimpleNamespace
+
+    from gradsync.ddp.arguments import check_device_types
+
+    params = [SimpleNamespace(device=torch.device(d), requires_grad=True) for d in ("cpu", "cuda:0", "cuda:1")]
+    module = SimpleNamespace(parameters=lambda: iter(params))
+    with pytest.raises(gradsync.GradsyncError, match=r"several devices \(cpu, cuda:0, cuda:1\).*one process per"):
+        check_device_types(module, {})  # type: ignore[arg-type]
+    params[1].requires_grad = params[2].requires_grad = False  # frozen parameters have no hooks
+    check_device_types(module, {})  # type: ignore[arg-type]
+
+
+def test_inputs_move_to_the_device_as_torch_moves_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    """device_ids: a PackedSequence moves as one unit (its batch_sizes stay on the CPU) and every copy blocks, as in
+    torch's _recursive_to; the copies are recorded, since this machine has one device."""
+    from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence
+
+    from gradsync.ddp.tree import to_device
+
+    packed = pack_padded_sequence(torch.randn(3, 4, 2), torch.tensor([4, 3, 1]), batch_first=True)
+    moved_kinds: list[tuple[str, dict]] = []
+    real_tensor_to, real_packed_to = torch.Tensor.to, PackedSequence.to
+
+    def tensor_to(self: torch.Tensor, *args: object, **kwargs: object) -> torch.Tensor:
+        moved_kinds.append(("tensor", kwargs))
+        return real_tensor_to(self, *args, **kwargs)
+
+    def packed_to(self: PackedSequence, *args: object, **kwargs: object) -> PackedSequence:
+        moved_kinds.append(("packed", kwargs))
+        return real_packed_to(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.Tensor, "to", tensor_to)
+    monkeypatch.setattr(PackedSequence, "to", packed_to)
+    inputs, kwargs = to_device(((packed, torch.ones(2)), {"mask": torch.zeros(3)}), torch.device("cpu"))
+    monkeypatch.undo()
+    assert isinstance(inputs[0], PackedSequence) and inputs[0].batch_sizes.device.type == "cpu"
+    assert torch.equal(inputs[0].data, packed.data) and torch.equal(inputs[0].batch_sizes, packed.batch_sizes)
+    assert [kind for kind, _ in moved_kinds][:1] == ["packed"] and ("tensor", {}) in moved_kinds
+    assert all(not kw.get("non_blocking", False) for _, kw in moved_kinds), moved_kinds

@@ -64,3 +64,38 @@ def _refused(rank: int, world_size: int) -> str:
 @pytest.mark.timeout(60)
 def test_refuses_find_unused_parameters_with_the_reason() -> None:
     assert "cannot be used with find_unused_parameters=True" in spawn(_refused, timeout=50)[0]
+
+
+def _too_late(rank: int, world_size: int, what: str) -> str:
+    torch.manual_seed(0)
+    module = build("mlp")
+    ddp = gradsync.DistributedDataParallel(module, bucket_cap_mb=0.0005)
+    opt = OverlappedOptimizer(ddp, torch.optim.SGD, lr=0.1)
+    scaler = torch.amp.GradScaler("cpu")
+    x, y = batch(0, 0, world_size)
+    for step in range(2):
+        opt.zero_grad()
+        loss = nn.functional.mse_loss(ddp(x[:BATCH]), y[:BATCH])
+        try:
+            if what == "scaler":
+                scaler.scale(loss).backward()
+                scaler.step(opt)
+                scaler.update()
+            else:
+                loss.backward()
+                if what == "clip":
+                    torch.nn.utils.clip_grad_norm_(module.parameters(), max_norm=1e6)  # scales by 1.0, in place
+                opt.step()
+        except gradsync.GradsyncError as exc:
+            return f"step {step}: {exc}"
+    return "no error"
+
+
+@pytest.mark.timeout(90)
+def test_refuses_a_grad_scaler_and_gradients_changed_after_backward_by_name() -> None:
+    """Each bucket was stepped inside backward: a GradScaler (scaled gradients, inf never checked) and clipping
+    after backward come too late, and are refused at the first step; a plain loop is untouched."""
+    scaler, clip, plain = (spawn(_too_late, args=(what,), timeout=80)[0] for what in ("scaler", "clip", "plain"))
+    assert scaler.startswith("step 0:") and "GradScaler" in scaler, scaler
+    assert clip.startswith("step 0:") and "gradient clipping" in clip, clip
+    assert plain == "no error"

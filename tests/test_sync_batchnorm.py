@@ -134,3 +134,31 @@ def test_sync_batchnorm_under_ddp_with_no_sync_matches_one_process() -> None:
     for got in ranks:
         for name, value in model.state_dict().items():
             torch.testing.assert_close(got[name].to(value.dtype), value, rtol=0, atol=1e-5, msg=name)
+
+
+def _half_precision_steps(rank: int, world_size: int, dtype: torch.dtype) -> dict:
+    """8 × 96 × 96 values per channel on each rank: 147,456 in all, past float16's largest count (65,504)."""
+    torch.manual_seed(0)
+    bn = gradsync.SyncBatchNorm(C)
+    g = torch.Generator().manual_seed(rank)
+    x = (torch.randn(8, C, 96, 96, generator=g) * 2 + 1).to(dtype).requires_grad_(True)
+    y = bn(x)
+    (y.float() * 1e-3).sum().backward()
+    return {"y": y.detach(), "dx": x.grad, "running": (bn.running_mean, bn.running_var), "dw": bn.weight.grad}
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_keeps_statistics_in_float32(dtype: torch.dtype) -> None:
+    """As torch's SyncBatchNorm under autocast: output in the input's dtype, statistics and count in float32 (a
+    float16 count was inf here, running_var NaN and the gradient's mean terms zero)."""
+    ranks = spawn(_half_precision_steps, args=(dtype,), timeout=100)
+    single = spawn(_half_precision_steps, args=(torch.float32,), timeout=100)
+    for got, ref in zip(ranks, single):
+        assert got["y"].dtype == dtype and got["dx"].dtype == dtype
+        assert torch.isfinite(got["running"][1]).all() and got["running"][1].dtype == torch.float32
+        tol = 1e-2 if dtype is torch.float16 else 6e-2  # the input's own rounding
+        torch.testing.assert_close(got["y"].float(), ref["y"], rtol=0, atol=tol)
+        torch.testing.assert_close(got["running"][1], ref["running"][1], rtol=tol, atol=tol)
+        torch.testing.assert_close(got["dx"].float(), ref["dx"], rtol=0, atol=tol * 1e-3)
+        torch.testing.assert_close(got["dw"], ref["dw"], rtol=tol, atol=tol)

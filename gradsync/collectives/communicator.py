@@ -83,9 +83,15 @@ class Communicator:
         comm.wait(fut, Op.BUCKET_ALLREDUCE, index=3)
     """
 
-    def __init__(self, process_group: dist.ProcessGroup | None = None, check_desync: bool = False) -> None:
+    def __init__(
+        self,
+        process_group: dist.ProcessGroup | None = None,
+        check_desync: bool = False,
+        device: torch.device | None = None,
+    ) -> None:
         self._process_group = process_group
         self.check_desync = check_desync
+        self.device = device  # the owner's device: where object collectives stage their bytes (None: torch's choice)
         self.sequence = 0  # collectives issued so far: identical on every rank while they are in step
         self.step = 0  # the owner's synced step (DDP advances it at each synced forward), for fingerprints
 
@@ -145,16 +151,24 @@ class Communicator:
     def all_gather_object(self, op: Op, obj: Any) -> list[Any]:
         """Every rank's picklable ``obj``, in group-rank order."""
         out: list[Any] = [None] * self.size
-        with self._issuing(op, -1, None):
+        with self._issuing(op, -1, None), self._objects_on_own_device():
             dist.all_gather_object(out, obj, group=self.group)
         return out
 
     def broadcast_object(self, op: Op, obj: Any, src: int = 0) -> Any:
         """Group rank ``src``'s picklable ``obj``, on every rank."""
         holder = [obj]
-        with self._issuing(op, -1, None):
+        with self._issuing(op, -1, None), self._objects_on_own_device():
             dist.broadcast_object_list(holder, src=self.global_rank(src), group=self.group)
         return holder[0]
+
+    def _objects_on_own_device(self) -> contextlib.AbstractContextManager:
+        """torch's object collectives stage their pickled bytes on ``torch.cuda.current_device()`` under NCCL: a model
+        on cuda:r wrapped without ``torch.cuda.set_device(r)`` (torch's DDP accepts that) would put every rank's
+        bytes on cuda:0, a duplicate-GPU NCCL error or a hang. They use the owner's device instead."""
+        if self.device is None or self.device.type != "cuda":
+            return contextlib.nullcontext()
+        return torch.cuda.device(self.device)
 
     def barrier(self, op: Op) -> None:
         with self._issuing(op, -1, None):
@@ -224,12 +238,15 @@ class Communicator:
             pause = min(pause * 2, 0.001)  # at most 1 ms late: a hook future is on the critical path
 
     def timeout_seconds(self) -> float:
-        """The process group's collective timeout (gloo and NCCL enforce it on their own collectives)."""
-        try:
-            backend = self.group._get_backend(torch.device("cpu"))
-            return backend.options._timeout.total_seconds()
-        except Exception:  # a backend that does not say: gradsync's own default
-            return settings.timeout_seconds(600.0)
+        """The process group's collective timeout (gloo and NCCL enforce it on their own collectives), read from the
+        backend that serves the owner's device: NCCL's for a CUDA model, not the CPU side's."""
+        devices = [d for d in (self.device, torch.device("cpu")) if d is not None]
+        for device in devices:
+            try:
+                return self.group._get_backend(device).options._timeout.total_seconds()
+            except Exception:  # no backend for this device, or one that does not say
+                continue
+        return settings.timeout_seconds(600.0)  # gradsync's own default
 
     # ------------------------------------------------------------------------------------------------ helpers
     @contextlib.contextmanager
@@ -261,6 +278,8 @@ class Communicator:
     def _device(self, tensor: torch.Tensor | None) -> torch.device:
         if tensor is not None:
             return tensor.device
+        if self.device is not None:
+            return self.device
         if dist.get_backend(self.group) == "nccl":
             return torch.device("cuda", torch.cuda.current_device())
         return torch.device("cpu")

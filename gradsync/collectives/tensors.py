@@ -27,11 +27,34 @@ def broadcast_tensors(comm: Communicator, op: Op, tensors: Sequence[torch.Tensor
         by_device.setdefault(t.device, []).append(t)
     with torch.no_grad():
         for members in by_device.values():
-            members = widest_first(members)
-            flat = pack(members)
-            what = f"{op.value} ({len(members)} tensors, {flat.numel() / 2**20:.2f} MiB)"
-            comm.broadcast(op, flat, src=src, what=what)
-            unpack(members, flat)
+            for chunk in chunks(widest_first(members), BROADCAST_CHUNK_BYTES):
+                flat = pack(chunk)
+                what = f"{op.value} ({len(chunk)} tensors, {flat.numel() / 2**20:.2f} MiB)"
+                comm.broadcast(op, flat, src=src, what=what)
+                unpack(chunk, flat)
+
+
+# torch's _sync_module_states broadcasts in 250 MiB buckets: a packed copy of a whole large model would double its
+# memory at construction, for no fewer round trips that matter at that size.
+BROADCAST_CHUNK_BYTES = 250 * 2**20
+
+
+def chunks(members: list[torch.Tensor], limit: int) -> list[list[torch.Tensor]]:
+    """``members`` in order, cut into runs of at most ``limit`` bytes (a larger tensor is a run of its own).
+
+    >>> [len(c) for c in chunks([torch.zeros(4), torch.zeros(4), torch.zeros(4)], limit=32)]
+    [2, 1]
+    """
+    runs: list[list[torch.Tensor]] = []
+    size = limit
+    for t in members:
+        nbytes = t.numel() * t.element_size()
+        if size + nbytes > limit:
+            runs.append([])
+            size = 0
+        runs[-1].append(t)
+        size += nbytes
+    return runs
 
 
 def all_gather_shards(comm: Communicator, op: Op, shards: Sequence[Sequence[torch.Tensor]]) -> None:

@@ -101,11 +101,12 @@ def _start_reduce_scatter(state: QuantizedState, bucket: GradBucket) -> _Pending
     pieces = [quantize(part, state) for part in values.chunk(world)]
     payload = torch.cat([p for p, _ in pieces])
     if state.error_feedback:
-        state._residuals[bucket.index()] = values - torch.cat([d for _, d in pieces])
+        previous = state._residuals.get(bucket.index())
+        state._residuals[bucket.index()] = _next_residual(values, torch.cat([d for _, d in pieces]), previous)
     received = torch.empty_like(payload)
     work = state.comm.all_to_all_async(Op.QUANTIZED_SCATTER, received, payload, index=bucket.index())
     state.bytes_sent += payload.numel() * (world - 1) // world
-    return _Pending(bucket.index(), buffer, values.numel(), received, work, torch.futures.Future())
+    return _Pending(bucket.index(), buffer, values.numel(), received, work, result_future(buffer.device))
 
 
 def _finish_pending(state: QuantizedState) -> None:
@@ -116,13 +117,12 @@ def _finish_pending(state: QuantizedState) -> None:
         pieces = pending.received.chunk(world)
         mine = sum(dequantize(piece, pending.padded // world, state) for piece in pieces)
         assert isinstance(mine, torch.Tensor)
-        if state.error_feedback:
-            residual = state._owner_residuals.get(pending.index)
-            if residual is not None and residual.numel() == mine.numel():
-                mine = mine + residual
+        residual = state._owner_residuals.get(pending.index) if state.error_feedback else None
+        if residual is not None and residual.numel() == mine.numel():
+            mine = mine + residual
         payload, dequantized = quantize(mine, state)
         if state.error_feedback:
-            state._owner_residuals[pending.index] = mine - dequantized
+            state._owner_residuals[pending.index] = _next_residual(mine, dequantized, residual)
         gathered = [torch.empty_like(payload) for _ in range(world)]
         work = state.comm.all_gather_async(Op.QUANTIZED_GATHER, gathered, payload, index=pending.index)
         state.bytes_sent += payload.numel() * (world - 1)
@@ -138,6 +138,30 @@ def _unpacker(pending: _Pending, gathered: list[torch.Tensor], world: int, state
         pending.result.set_result(pending.buffer)
 
     return unpack
+
+
+def result_future(device: torch.device) -> torch.futures.Future:
+    """The future this hook returns for a bucket on ``device``, completed later in the all-gather's callback.
+
+    torch's hook contract: a plain ``Future()`` records no CUDA event, so the reducer's wait, and its copy into
+    ``.grad``, would not wait for the averaging kernels queued on the callback's stream, and ``.grad`` could get
+    un-averaged values. A future with ``devices`` records an event on the stream current when ``set_result`` runs
+    (the callback's, after those kernels) and makes every waiter's stream wait for it.
+    """
+    if device.type == "cpu":
+        return torch.futures.Future()
+    return torch.futures.Future(devices=[device])
+
+
+def _next_residual(values: torch.Tensor, sent: torch.Tensor, previous: torch.Tensor | None) -> torch.Tensor:
+    """What quantizing ``values`` to ``sent`` left out, carried into the next step; kept as it was (zeros at first)
+    when ``values`` holds an inf or NaN. fp16 GradScaler overflows on purpose in its first steps and skips them;
+    the error feedback skips them too, or its NaN would poison every later step. Decided on the device (no host
+    sync): the averaged bucket is non-finite all the same, so GradScaler still sees the overflow."""
+    residual = values - sent
+    if previous is None or previous.shape != residual.shape:
+        previous = torch.zeros_like(residual)
+    return torch.where(torch.isfinite(values).all(), residual, previous)
 
 
 # ------------------------------------------------------------------------------------------ quantization

@@ -176,7 +176,17 @@ def device_indices(
 
 
 def check_device_types(module: nn.Module, arguments: Mapping[str, Any]) -> None:
-    """A device named by type (``"cuda:0"``) must be where the module is: torch would move inputs there."""
+    """The module's parameters on one device, and a device named by type (``"cuda:0"``) where the module is: torch
+    would move inputs there."""
+    devices = sorted({str(p.device) for p in module.parameters() if p.requires_grad})
+    if len(devices) > 1:
+        # autograd runs each device's backward on a thread of its own, so the hooks of one backward would run on
+        # several threads at once; gradsync's per-bucket counts assume one (torch refuses CPU with CUDA too).
+        raise ConfigError(
+            f"the module's trainable parameters are on several devices ({', '.join(devices)}); gradsync's DDP "
+            "needs them on one: move the whole module to one device (module.to(device)) and run one process per "
+            "device. Multi-device model parallelism inside one DDP process is not supported."
+        )
     where = {p.device.type for p in module.parameters()}
     for argument, value in arguments.items():
         for device in value if isinstance(value, Sequence) and not isinstance(value, str) else [value]:

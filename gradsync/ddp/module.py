@@ -36,7 +36,7 @@ from gradsync.ddp.arguments import (
 from gradsync.ddp.buffers import BufferSync
 from gradsync.ddp.join import NamedJoin
 from gradsync.ddp.replicas import broadcast_initial_state, verify_same_model
-from gradsync.ddp.tree import iter_tensors, map_tensors, replace_tensors
+from gradsync.ddp.tree import iter_tensors, replace_tensors, to_device
 from gradsync.errors import ConfigError
 from gradsync.observe.recorder import Recorder
 from gradsync.reducer.reducer import CommHook, Reducer
@@ -141,12 +141,13 @@ class DistributedDataParallel(nn.Module, Joinable):
         """What cannot be pickled, built at construction and again when unpickled: the communicator, the buffer
         sync, and the reducer with its hooks (no collective is issued here)."""
         config = self._config
-        self._comm = Communicator(self._process_group, check_desync=settings.debug())
+        named = config.trainable(self.module)
+        self._params = [p for _, p in named]
+        device = self._params[0].device if self._params else None
+        self._comm = Communicator(self._process_group, check_desync=settings.debug(), device=device)
         self._buffer_sync = BufferSync(self.module, self._comm, config.ignored)
         self._recorder = Recorder()
         self._progress = watchdog.progress_reporter() or _no_progress  # gradsync run --watchdog
-        named = config.trainable(self.module)
-        self._params = [p for _, p in named]
         trainable = {id(p) for p in self._params}
         self._frozen = [
             (n, p) for n, p in self.module.named_parameters() if id(p) not in trainable and n not in config.ignored
@@ -264,7 +265,7 @@ class DistributedDataParallel(nn.Module, Joinable):
             self._collectives_before_forward(call.synced, broadcast)
             if self.device_ids is not None:
                 device = torch.device(self._params[0].device.type, self.device_ids[0])
-                call.inputs, call.kwargs = map_tensors(lambda t: t.to(device, non_blocking=True), (inputs, kwargs))
+                call.inputs, call.kwargs = to_device((inputs, kwargs), device)
         except BaseException:
             call.profiled.__exit__(None, None, None)
             raise

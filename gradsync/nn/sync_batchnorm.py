@@ -107,35 +107,39 @@ class _SyncBatchNormFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, weight: Any, bias: Any, eps: float, comm: Communicator) -> Any:  # type: ignore[override]
         dims = [d for d in range(x.dim()) if d != 1]
-        mean, var, count = _global_stats(x, dims, comm)
+        mean, var, count = _global_stats(x, dims, comm)  # float32 for a half-precision x, as torch keeps them
         shape = [1, -1] + [1] * (x.dim() - 2)
         invstd = torch.rsqrt(var + eps)
-        x_hat = (x - mean.view(shape)) * invstd.view(shape)
+        x_hat = (x.to(mean.dtype) - mean.view(shape)) * invstd.view(shape)
         out = x_hat * weight.view(shape) + bias.view(shape) if weight is not None else x_hat
-        ctx.save_for_backward(x_hat, invstd, weight, count)
+        ctx.save_for_backward(x_hat.to(x.dtype), invstd, weight, count)
         ctx.comm, ctx.dims, ctx.shape = comm, dims, shape
         ctx.mark_non_differentiable(mean, var, count)
-        return out, mean, var, count
+        return out.to(x.dtype), mean, var, count  # the input's dtype, as torch's (autocast's fp16 stays fp16)
 
     @staticmethod
     def backward(ctx: Any, dy: torch.Tensor, *_unused: Any) -> Any:  # type: ignore[override]
         x_hat, invstd, weight, count = ctx.saved_tensors
         dims, shape = ctx.dims, ctx.shape
-        local_dy = dy.sum(dims)
-        local_dy_xhat = (dy * x_hat).sum(dims)
+        # Sums in float32 for half-precision gradients: a channel's sum over a large batch overflows float16.
+        dy_acc, x_hat = dy.to(invstd.dtype), x_hat.to(invstd.dtype)
+        local_dy = dy_acc.sum(dims)
+        local_dy_xhat = (dy_acc * x_hat).sum(dims)
         sums = torch.cat([local_dy, local_dy_xhat])
         ctx.comm.all_reduce(Op.SYNC_BATCHNORM, sums)  # the global sums, over every rank's batch
         sum_dy, sum_dy_xhat = sums.chunk(2)
         scale = invstd if weight is None else invstd * weight
-        dx = (dy - (sum_dy / count).view(shape) - x_hat * (sum_dy_xhat / count).view(shape)) * scale.view(shape)
-        dweight = local_dy_xhat if weight is not None and ctx.needs_input_grad[1] else None
-        dbias = local_dy if weight is not None and ctx.needs_input_grad[2] else None
-        return dx, dweight, dbias, None, None
+        dx = (dy_acc - (sum_dy / count).view(shape) - x_hat * (sum_dy_xhat / count).view(shape)) * scale.view(shape)
+        dweight = local_dy_xhat.to(weight.dtype) if weight is not None and ctx.needs_input_grad[1] else None
+        dbias = local_dy.to(weight.dtype) if weight is not None and ctx.needs_input_grad[2] else None
+        return dx.to(dy.dtype), dweight, dbias, None, None
 
 
 def _global_stats(x: torch.Tensor, dims: list[int], comm: Communicator) -> tuple[torch.Tensor, ...]:
     """Mean and (biased) variance per channel over every rank's batch, and the total count, from one all-gather of
-    each rank's count, mean and sum of squared deviations (exact for uneven batch sizes)."""
+    each rank's count, mean and sum of squared deviations (exact for uneven batch sizes). In float32 for a
+    half-precision ``x`` (torch's statistics are float32 too): a float16 count is ``inf`` past 65,504 values per
+    channel, and the variance would then be NaN."""
     n = x.numel() // x.shape[1]
     acc = x.detach().to(torch.float64) if x.dtype in (torch.float16, torch.bfloat16) else x.detach()
     mean = acc.mean(dims) if n else torch.zeros(x.shape[1], dtype=acc.dtype, device=x.device)
@@ -148,4 +152,5 @@ def _global_stats(x: torch.Tensor, dims: list[int], comm: Communicator) -> tuple
         raise ConfigError("SyncBatchNorm: every rank's batch is empty, so there are no statistics to compute.")
     global_mean = (means * counts).sum(0) / total
     global_m2 = (m2s + counts * (means - global_mean) ** 2).sum(0)
-    return global_mean.to(x.dtype), (global_m2 / total).to(x.dtype), total.to(x.dtype)
+    stat = torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype
+    return global_mean.to(stat), (global_m2 / total).to(stat), total.to(stat)

@@ -22,6 +22,10 @@ from gradsync.validate import require_ddp
 
 
 class OverlappedOptimizer(Optimizer):
+    # GradScaler then hands its scale and found-inf flag to step() instead of unscaling the gradients itself, which
+    # is how step() knows a scaler is in use (see _refuse_late_changes).
+    _step_supports_amp_scaling = True
+
     """Attach to a DDP model; ``backward()`` then also steps the optimizer, and :meth:`step` does nothing.
 
     Example::
@@ -43,6 +47,7 @@ class OverlappedOptimizer(Optimizer):
         super().__init__(params, defaults)
         self._inner = {p: optimizer_class([p], **defaults) for p in params}
         self._index = {p: i for i, p in enumerate(params)}
+        self._stepped_versions: dict[torch.Tensor, int] = {}  # each .grad's version when it was stepped
         try:
             reducer.on_bucket_reduced(self._step_bucket)
         except ConfigError as error:
@@ -55,13 +60,36 @@ class OverlappedOptimizer(Optimizer):
             inner = self._inner[p]
             inner.param_groups[0].update(hyper)  # learning-rate schedulers edit self.param_groups
             inner.step()
+            if p.grad is not None:
+                self._stepped_versions[p] = p.grad._version
 
     def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]
-        """Nothing to do: backward already stepped every bucket. Returns the closure's loss if one is given."""
+        """Nothing to do: backward already stepped every bucket. Returns the closure's loss if one is given.
+
+        Refuses, by name, what would come too late: a ``GradScaler`` (the gradients it would unscale and check for
+        inf were applied scaled, during backward) and gradients changed after backward (clipping, ``unscale_``)."""
+        self._refuse_late_changes()
         if closure is not None:
             with torch.enable_grad():
                 return closure()
         return None
+
+    def _refuse_late_changes(self) -> None:
+        if hasattr(self, "found_inf") or hasattr(self, "grad_scale"):  # set by GradScaler.step around step()
+            raise ConfigError(
+                "OverlappedOptimizer cannot be used with torch.amp.GradScaler: it steps each bucket inside "
+                "backward, on the scaled gradients, before the scaler can unscale them or skip a step with inf. "
+                "Use a plain optimizer with GradScaler (bf16 autocast needs no scaler)."
+            )
+        changed = [p for p, v in self._stepped_versions.items() if p.grad is not None and p.grad._version != v]
+        self._stepped_versions.clear()
+        if changed:
+            raise ConfigError(
+                f"OverlappedOptimizer: {len(changed)} gradient(s) were changed after backward (gradient clipping, "
+                "GradScaler.unscale_ or another in-place edit), but each bucket was already stepped inside backward "
+                "with the gradients as they arrived, so the change came too late. Use a plain optimizer when "
+                "gradients are clipped or unscaled after backward."
+            )
 
     def local_state_bytes(self) -> int:
         """Bytes of optimizer state held on this rank (all of it: nothing is sharded)."""

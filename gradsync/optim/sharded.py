@@ -87,7 +87,6 @@ class ShardedOptimizer(Optimizer, Joinable):
         require_optimizer_class("ShardedOptimizer", optimizer_class)
         super().__init__(params, defaults)
         Joinable.__init__(self)
-        self._comm = Communicator(process_group, check_desync=settings.debug())
         self.optimizer_class = optimizer_class
         self._all = [p for g in self.param_groups for p in g["params"]]
         devices = {p.device for p in self._all}
@@ -95,6 +94,8 @@ class ShardedOptimizer(Optimizer, Joinable):
             raise ConfigError(
                 f"ShardedOptimizer: all parameters must be on one device, found {sorted(map(str, devices))}"
             )
+        self._device = self._all[0].device if self._all else None
+        self._comm = self._communicator(process_group)
         self._defaults = defaults
         _verify_same_parameters(self._comm, self._all)
         self._shard()
@@ -118,8 +119,11 @@ class ShardedOptimizer(Optimizer, Joinable):
 
     def verify_parameters(self, process_group: dist.ProcessGroup | None = None) -> None:
         """After the group changed: check the new members list the same parameters (as the constructor does)."""
-        self._comm = Communicator(process_group, check_desync=settings.debug())
+        self._comm = self._communicator(process_group)
         _verify_same_parameters(self._comm, self._all)
+
+    def _communicator(self, process_group: dist.ProcessGroup | None) -> Communicator:
+        return Communicator(process_group, check_desync=settings.debug(), device=self._device)
 
     def reshard(self, process_group: dist.ProcessGroup | None = None) -> list[int]:
         """After the group changed (gradsync.elastic): gather the members' shards of the state, partition again for
@@ -127,7 +131,7 @@ class ShardedOptimizer(Optimizer, Joinable):
         held (their owner left): their optimizer state starts afresh, as at the first step."""
         local = self.local.state_dict()["state"] if self.local is not None else {}
         mine = {self._local_to_global[i]: s for i, s in local.items()}
-        self._comm = Communicator(process_group, check_desync=settings.debug())
+        self._comm = self._communicator(process_group)
         everyone = self._comm.all_gather_object(Op.STATE_GATHER, mine)
         full = {k: v for shard in everyone for k, v in shard.items()}
         self._shard()

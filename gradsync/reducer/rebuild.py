@@ -25,7 +25,7 @@ import enum
 import logging
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -94,7 +94,9 @@ class Rebuild:
         self._params = params
         self._comm = comm
         self._limits = list(first.limits)
-        self._first = first  # iteration 1's layout: the rebuilt ones keep its view mode and sparse parameters
+        # The rebuilt layouts keep iteration 1's view mode and sparse parameters; the layout itself is not kept, so
+        # its buffers are freed once the reducer lets go of it (a whole copy of the gradients otherwise).
+        self._as_view, self._sparse = first.as_view, first.sparse
         self._tune = tune
         self.state = State.RECORDING if enabled else State.NEVER
         self.tuning: autotune.BucketTuning | None = None
@@ -133,10 +135,12 @@ class Rebuild:
             if self._trial.complete:
                 self.state = State.DECIDING
 
-    def before_forward(self) -> BucketLayout | None:
+    def before_forward(self, release: Callable[[], None] = lambda: None) -> BucketLayout | None:
         """The layout to use from this synced forward on, or None to keep the current one. Every rank calls it at
-        the same forward (a collective when the state says so)."""
+        the same forward (a collective when the state says so). ``release()`` is called before the rebuild builds
+        its layouts, for the caller to let go of the current one (its buffers are not needed to build them)."""
         if self.state is State.PENDING:
+            release()
             return self._rebuild()
         if self.state is State.TRIAL and self._trial is not None:
             return self._trial.next_layout()
@@ -177,7 +181,7 @@ class Rebuild:
         return self._tune and self._comm.size > 1 and grad_bytes > smallest
 
     def _layout(self, order: list[int], limits: list[int]) -> BucketLayout:
-        return self._first.new(self._params, order, limits)
+        return BucketLayout(self._params, order, limits, self._as_view, self._sparse)
 
     def _decide(self) -> BucketLayout:
         assert self._trial is not None

@@ -66,6 +66,11 @@ class Reducer:
         first_order = list(reversed(range(len(self.params))))
         self.layout = BucketLayout(self.params, first_order, limits, gradient_as_bucket_view, sparse)
         self._rebuild = Rebuild(self.params, comm, self.layout, mode.rebuilds, tuning_enabled(bucket_cap_mb))
+        if any(p.device.type == "cuda" for p in self.params):
+            # The tuner times backward and its all-reduces with the host's clock; on CUDA those are launch times (an
+            # NCCL future is done when enqueued), so it would decide from numbers that are not the GPU's. Until it
+            # times with CUDA events, CUDA models keep the configured (torch's) caps.
+            self._rebuild.disable_tuning()
         self._usage = GlobalUsage(len(self.params), mode, comm, assume_same_everywhere=skip_unused)
         self._comm_hook: CommHook | None = None
         self._comm_state: Any = None
@@ -170,7 +175,7 @@ class Reducer:
     # ------------------------------------------------------------------------------------------- per step
     def before_synced_forward(self) -> None:
         """The rebuild's collectives, if due at this forward, and the layout it says to use from now on."""
-        layout = self._rebuild.before_forward()
+        layout = self._rebuild.before_forward(release=self._release_layout)
         if layout is None:
             return
         layout.adopt_current_grads()
@@ -178,6 +183,16 @@ class Reducer:
         if self._rebuild.done and self._may_silence_hooks():
             for i in layout.silence_small_hooks(self._rebuild.local_order):
                 self._handles[i].remove()
+
+    def _release_layout(self) -> None:
+        """Before the rebuild allocates its layout: free the current one's buffers, so the gradients are not held
+        twice at the peak (torch's rebuild frees its buckets first too). With gradient_as_bucket_view the .grad
+        tensors are its slots, and the new layout copies them over, so it stays until then."""
+        step = self._step
+        if self.layout.as_view or (step is not None and step.started and not step.finished):
+            return  # an unfinished step is reported at prepare_for_backward, and needs its layout for that
+        self._step = None  # the last step's BackwardStep holds the layout too
+        self.layout = BucketLayout([], [], self.layout.limits, False, None)  # empty until the rebuild's arrives
 
     def _may_silence_hooks(self) -> bool:
         # Only a static graph runs the same hooks in the same order every time, and only this rank's own observed

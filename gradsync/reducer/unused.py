@@ -83,7 +83,7 @@ class GlobalUsage:
     def start(self, used: bytearray, device: torch.device) -> None:
         """Launch the all-reduce of this rank's map (after the last bucket, so it never delays one); the next
         synced step starts from an empty map."""
-        self._map = torch.tensor(list(used), dtype=torch.int32, device=device)
+        self._map = _on_device(torch.frombuffer(bytearray(used), dtype=torch.uint8).to(torch.int32), device)
         if self._local_is_global:
             self._future = torch.futures.Future()
             self._future.set_result([self._map])
@@ -107,3 +107,13 @@ class GlobalUsage:
         if self.mode is GraphMode.STATIC:
             self._known, self._have_known = result, True
         return result
+
+
+def _on_device(flags: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``flags`` (on the CPU) on ``device``. To a GPU from pinned memory without blocking, as torch's reducer copies
+    its local_used_map: a pageable copy would make the host wait for the GPU, inside backward. The copy is queued
+    on the current stream before the all-reduce that reads it, and the pinned source stays alive until it ran
+    (the caching host allocator keeps a pinned block until the work that used it is done)."""
+    if device.type == "cpu":
+        return flags
+    return flags.pin_memory().to(device, non_blocking=True)

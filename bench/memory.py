@@ -1,0 +1,82 @@
+"""``python -m bench.memory``: peak host memory of gradsync's DDP against torch's, side by side, on a large model.
+
+    python -m bench.memory --runs 3 --params 201
+
+Each (implementation, run) is 2 fresh gloo ranks training an MLP of ``--params`` million fp32 parameters: the peak
+resident memory (``ru_maxrss``) each rank grows by, from the built model, when DDP is constructed, and after
+``--steps`` synced steps (past the rebuild; SGD without momentum, so no optimizer state). The ratios are gradsync /
+torch of the medians over runs, per rank. On a GPU the same layouts are the device's memory; this measures their
+host counterpart.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import statistics
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+from torch import nn
+
+import gradsync
+from gradsync.testing import spawn
+
+
+def _peak_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+
+
+def _model(million: int) -> nn.Module:
+    width = 2048
+    layers = max(1, round(million * 1e6 / (width * width + width)))
+    return nn.Sequential(*[nn.Linear(width, width) for _ in range(layers)])
+
+
+def _worker(rank: int, world: int, impl: str, million: int, steps: int) -> dict[str, float]:
+    torch.manual_seed(0)
+    model = _model(million)
+    x = torch.randn(4, 2048)
+    base = _peak_mib()
+    ddp_class = gradsync.DistributedDataParallel if impl == "gradsync" else nn.parallel.DistributedDataParallel
+    ddp = ddp_class(model)
+    built = _peak_mib()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-6)
+    for _ in range(steps):
+        opt.zero_grad(set_to_none=False)  # gradients stay allocated, as in most loops' steady state
+        ddp(x).sum().backward()
+        opt.step()
+    trained = _peak_mib()
+    params = sum(p.numel() for p in model.parameters())
+    return {"construction": built - base, "after_steps": trained - base, "params_mib": params * 4 / 2**20}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.memory", description=__doc__)
+    parser.add_argument("--params", type=int, default=201, help="million parameters")
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--out", default="bench/results/memory.json")
+    args = parser.parse_args(argv)
+    runs: dict[str, list[dict[str, float]]] = {"torch": [], "gradsync": []}
+    for _ in range(args.runs):
+        for impl in runs:  # alternated, so the machine's drift hits both
+            runs[impl].append(spawn(_worker, 2, args=(impl, args.params, args.steps), timeout=900)[0])
+    result: dict = {"command": " ".join(["python -m bench.memory", *sys.argv[1:]]), "runs": runs}
+    for key in ("construction", "after_steps"):
+        medians = {impl: statistics.median(r[key] for r in rs) for impl, rs in runs.items()}
+        result[key] = {**medians, "ratio": medians["gradsync"] / medians["torch"]}
+        print(
+            f"{key}: gradsync +{medians['gradsync']:.0f} MiB, torch +{medians['torch']:.0f} MiB, "
+            f"ratio {result[key]['ratio']:.3f} (rank 0, median of {args.runs})"
+        )
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
