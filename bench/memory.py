@@ -7,12 +7,18 @@ resident memory (``ru_maxrss``) each rank grows by, from the built model, when D
 ``--steps`` synced steps (past the rebuild; SGD without momentum, so no optimizer state). The ratios are gradsync /
 torch of the medians over runs, per rank. On a GPU the same layouts are the device's memory; this measures their
 host counterpart.
+
+glibc keeps freed blocks of up to 32 MiB in its heap once its mmap threshold has grown (and gloo's and the
+steps' temporaries come and go), so peak RSS carries allocator noise of ~10% either way. ``--mmap-threshold 65536``
+pins the threshold (``MALLOC_MMAP_THRESHOLD_``) for the ranks, so freed large blocks go back to the system and the
+peak is the memory actually live.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import statistics
 import sys
@@ -59,8 +65,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--params", type=int, default=201, help="million parameters")
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--mmap-threshold", type=int, default=None, help="MALLOC_MMAP_THRESHOLD_ for the ranks")
     parser.add_argument("--out", default="bench/results/memory.json")
     args = parser.parse_args(argv)
+    if args.mmap_threshold is not None:
+        os.environ["MALLOC_MMAP_THRESHOLD_"] = str(args.mmap_threshold)  # read by glibc when each rank starts
     runs: dict[str, list[dict[str, float]]] = {"torch": [], "gradsync": []}
     for _ in range(args.runs):
         for impl in runs:  # alternated, so the machine's drift hits both

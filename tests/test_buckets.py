@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from gradsync.reducer.buckets import Bucket, assign_buckets, size_limits
+from gradsync.reducer.buckets import assign_buckets, make_bucket, size_limits
 
 
 def _random_tensors(rng: random.Random, n: int) -> list[torch.Tensor]:
@@ -58,7 +58,7 @@ def test_bucket_views_tile_the_buffer() -> None:
         torch.nn.Parameter(torch.randn(5)),
         torch.nn.Parameter(torch.randn(2, 2)),
     ]
-    bucket = Bucket(0, [2, 0], params, as_view=False)
+    bucket = make_bucket(0, [2, 0], params, as_view=False)
     assert bucket.buffer.numel() == 4 + 12
     assert [v.shape for v in bucket.views] == [params[2].shape, params[0].shape]
     bucket.views[0].fill_(1.0)
@@ -96,7 +96,7 @@ def test_gather_small_grads_puts_every_gradient_in_its_slot(shapes: list, as_vie
     if missing:
         params[-1].grad = None  # no gradient: its slot is zeroed
     expected = [None if p.grad is None else p.grad.clone() / 2 for p in params]
-    bucket = Bucket(0, list(range(len(params))), params, as_view)
+    bucket = make_bucket(0, list(range(len(params))), params, as_view)
     for slot, eager in enumerate(bucket.eager):  # the large ones arrive first, one by one
         if eager:
             bucket.take(slot, 2)

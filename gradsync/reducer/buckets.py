@@ -103,11 +103,13 @@ def assign_buckets(
 class Bucket:
     """One flat buffer and a shaped view of it for each of its parameters.
 
-    ``as_view`` (gradient_as_bucket_view) is bound once here: :meth:`take` and :meth:`gather_small_grads` either
-    make ``.grad`` the slot or copy into it, with no per-gradient test of the flag.
+    gradient_as_bucket_view is the subclass (:func:`make_bucket`): :meth:`take` and :meth:`gather_small_grads`
+    either make ``.grad`` the slot or copy into it, with no per-gradient test of the flag.
     """
 
-    def __init__(self, index: int, param_indices: list[int], params: Sequence[torch.Tensor], as_view: bool) -> None:
+    def __init__(
+        self, index: int, param_indices: list[int], params: Sequence[torch.Tensor], buffer: torch.Tensor | None = None
+    ) -> None:
         self.index = index
         self.assigned = list(param_indices)  # in launch-readiness order, as assign_buckets gave them (for messages)
         # Large gradients first, then all the small ones side by side at the end of the buffer, so the small ones
@@ -121,7 +123,14 @@ class Bucket:
         members = [params[i] for i in self.param_indices]
         self.params = members
         total = sum(p.numel() for p in members)
-        self.buffer = torch.zeros(total, dtype=members[0].dtype, device=members[0].device)
+        # Uninitialised, as torch's bucket (at::empty): every slot is written before each reduction (a gradient, or
+        # zeros for a parameter without one), so zero-filling would only touch the memory early.
+        # ``buffer``, if given, is this bucket's slice of its layout's storage (see layout.Storage).
+        if buffer is None:
+            buffer = torch.empty(total, dtype=members[0].dtype, device=members[0].device)
+        if buffer.numel() != total:
+            raise ValueError(f"bucket {index}: a buffer of {buffer.numel()} values for {total} gradient values")
+        self.buffer = buffer
         self.views: list[torch.Tensor] = []
         offset = 0
         for p in members:
@@ -135,8 +144,6 @@ class Bucket:
         self._small_region = self.buffer[sum(p.numel() for p in members[: len(large)]) :]
         self._n_vectors = len(vectors)
         self._vector_region = self._small_region[: sum(params[i].numel() for i in vectors)]
-        self.take = self._adopt_grad if as_view else self._copy_grad
-        self._gather = self._gather_into_views if as_view else self._gather_copies
 
     @property
     def nbytes(self) -> int:
@@ -154,6 +161,13 @@ class Bucket:
 
     # ``divisor`` (the world size, when gradsync itself averages): like torch's C++ reducer, gradients are divided
     # on their way into the bucket (one pass over memory), not copied and then divided again in the hook.
+
+    def take(self, slot: int, divisor: int | None) -> None:
+        """One ready gradient into its slot: :meth:`_copy_grad` or :meth:`_adopt_grad`, as the subclass says."""
+        raise NotImplementedError
+
+    def _gather(self, grads: list[torch.Tensor | None]) -> None:
+        raise NotImplementedError
 
     def _adopt_grad(self, slot: int, divisor: int | None) -> None:
         """gradient_as_bucket_view: move one fresh gradient into its slot and make ``.grad`` that slot, as soon as
@@ -210,6 +224,33 @@ class Bucket:
             torch.cat(grads[:k], out=self._vector_region)  # type: ignore[arg-type]
         if k < len(grads):
             torch._foreach_copy_(views[k:], grads[k:])  # type: ignore[arg-type]
+
+
+class CopyBucket(Bucket):
+    """``.grad`` and the bucket are separate tensors: gradients are copied in, averages copied back."""
+
+    take = Bucket._copy_grad
+    _gather = Bucket._gather_copies
+
+
+class ViewBucket(Bucket):
+    """gradient_as_bucket_view: ``.grad`` is the bucket's slot."""
+
+    take = Bucket._adopt_grad
+    _gather = Bucket._gather_into_views
+
+
+def make_bucket(
+    index: int,
+    param_indices: list[int],
+    params: Sequence[torch.Tensor],
+    as_view: bool,
+    buffer: torch.Tensor | None = None,
+) -> Bucket:
+    """A bucket whose view-or-copy choice is its class: chosen once, with no per-gradient test, and without the
+    reference cycle a bound method kept on the bucket would make (its buffer would then wait for the garbage
+    collector after a rebuild replaced the layout)."""
+    return (ViewBucket if as_view else CopyBucket)(index, param_indices, params, buffer)
 
 
 AnyBucket = Bucket | SparseBucket

@@ -3,11 +3,11 @@ whole (at the rebuild after iteration 1, and while the tuner's choice is checked
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import torch
 
-from gradsync.reducer.buckets import AnyBucket, Bucket, assign_buckets, quiet_parameters, write_back
+from gradsync.reducer.buckets import AnyBucket, Bucket, assign_buckets, make_bucket, quiet_parameters, write_back
 from gradsync.reducer.sparse_bucket import SparseBucket
 
 
@@ -26,14 +26,20 @@ class BucketLayout:
         limits: Sequence[int],
         as_view: bool,
         sparse: Sequence[bool] | None = None,
+        storage: Storage | None = None,
     ) -> None:
         self.order = list(order)
         self.limits = list(limits)
         self.as_view = as_view
         self.sparse = sparse
         groups = assign_buckets(params, self.order, self.limits, sparse)
+        dense = [group for group in groups if not (sparse and sparse[group[0]])]
+        self.storage = _storage_for(params, dense, None if as_view else storage)
+        slices = _slices(params, dense, self.storage)
         self.buckets: list[AnyBucket] = [
-            SparseBucket(k, group[0], params) if sparse and sparse[group[0]] else Bucket(k, group, params, as_view)
+            SparseBucket(k, group[0], params)
+            if sparse and sparse[group[0]]
+            else make_bucket(k, group, params, as_view, next(slices))
             for k, group in enumerate(groups)
         ]
         self.bucket_index_of = [0] * len(params)
@@ -99,3 +105,30 @@ class BucketLayout:
     def new(self, params: Sequence[torch.Tensor], order: Sequence[int], limits: Sequence[int]) -> BucketLayout:
         """A layout like this one (view mode, sparse parameters) for another order or caps."""
         return BucketLayout(params, order, limits, self.as_view, self.sparse)
+
+
+# Per (dtype, device): one flat tensor that every dense bucket of a layout is a slice of. Its size is the
+# parameters' and not the bucketing's, so a rebuilt layout (and each of the tuner's trial layouts) can take over the
+# one it replaces instead of allocating another copy of the gradients.
+Storage = dict[tuple[torch.dtype, torch.device], torch.Tensor]
+
+
+def _storage_for(params: Sequence[torch.Tensor], dense: list[list[int]], reuse: Storage | None) -> Storage:
+    sizes: dict[tuple[torch.dtype, torch.device], int] = {}
+    for group in dense:
+        for i in group:
+            key = (params[i].dtype, params[i].device)
+            sizes[key] = sizes.get(key, 0) + params[i].numel()
+    if reuse is not None and {k: t.numel() for k, t in reuse.items()} == sizes:
+        return reuse
+    return {key: torch.empty(n, dtype=key[0], device=key[1]) for key, n in sizes.items()}
+
+
+def _slices(params: Sequence[torch.Tensor], dense: list[list[int]], storage: Storage) -> Iterator[torch.Tensor]:
+    """Each dense bucket's buffer, in order: consecutive slices of its dtype's and device's storage."""
+    offsets = dict.fromkeys(storage, 0)
+    for group in dense:
+        key = (params[group[0]].dtype, params[group[0]].device)
+        n = sum(params[i].numel() for i in group)
+        yield storage[key][offsets[key] : offsets[key] + n]
+        offsets[key] += n

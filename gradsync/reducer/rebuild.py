@@ -31,8 +31,8 @@ import torch
 
 from gradsync.collectives.communicator import Communicator, Op
 from gradsync.reducer import autotune
-from gradsync.reducer.buckets import MIB
-from gradsync.reducer.layout import BucketLayout
+from gradsync.reducer.buckets import MIB, assign_buckets
+from gradsync.reducer.layout import BucketLayout, Storage
 
 log = logging.getLogger("gradsync")
 
@@ -50,10 +50,14 @@ class State(enum.Enum):
 
 
 class Trial:
-    """Alternate two layouts, one synced step each, and time them (first gradient to ``.grad`` final)."""
+    """Alternate two bucket caps, one synced step each, and time them (first gradient to ``.grad`` final).
 
-    def __init__(self, proposed: BucketLayout, default: BucketLayout, pairs: int) -> None:
-        self.layouts = (proposed, default)
+    It holds the caps, not the layouts: each step's layout is built when it is due, after the reducer let go of the
+    previous one, so the trial holds one layout's buffers at a time, as training does (two would be a second copy
+    of every gradient at the peak)."""
+
+    def __init__(self, proposed: list[int], default: list[int], pairs: int) -> None:
+        self.limits = (proposed, default)
         self.seconds: tuple[list[float], list[float]] = ([], [])
         self.steps = 2 * pairs
         self.taken = 0
@@ -62,8 +66,8 @@ class Trial:
     def complete(self) -> bool:
         return self.taken >= self.steps
 
-    def next_layout(self) -> BucketLayout:
-        return self.layouts[self.taken % 2]
+    def next_limits(self) -> list[int]:
+        return self.limits[self.taken % 2]
 
     def add(self, seconds: float) -> None:
         self.seconds[self.taken % 2].append(seconds)
@@ -104,6 +108,7 @@ class Rebuild:
         self._ready_times: list[float] = []
         self._backward_start = 0.0
         self._trial: Trial | None = None
+        self._order: list[int] = []  # the rebuilt order, rank 0's (every layout from the rebuild on uses it)
 
     def disable_tuning(self) -> None:
         """Keep the configured caps at the rebuild: no probe, no proposal, no trial (a stateful comm hook)."""
@@ -135,20 +140,19 @@ class Rebuild:
             if self._trial.complete:
                 self.state = State.DECIDING
 
-    def before_forward(self, release: Callable[[], None] = lambda: None) -> BucketLayout | None:
+    def before_forward(self, release: Callable[[], Storage | None] = lambda: None) -> BucketLayout | None:
         """The layout to use from this synced forward on, or None to keep the current one. Every rank calls it at
-        the same forward (a collective when the state says so). ``release()`` is called before the rebuild builds
-        its layouts, for the caller to let go of the current one (its buffers are not needed to build them)."""
+        the same forward (a collective when the state says so). ``release()`` is called before a new layout is
+        built, for the caller to let go of the current one; the storage it returns, if any, is the new layout's."""
         if self.state is State.PENDING:
-            release()
-            return self._rebuild()
+            return self._rebuild(release)
         if self.state is State.TRIAL and self._trial is not None:
-            return self._trial.next_layout()
+            return self._layout(self._order, self._trial.next_limits(), release())
         if self.state is State.DECIDING:
-            return self._decide()
+            return self._decide(release)
         return None
 
-    def _rebuild(self) -> BucketLayout:
+    def _rebuild(self, release: Callable[[], Storage | None]) -> BucketLayout:
         seen = set(self.local_order)
         order = self.local_order + [i for i in reversed(range(len(self._params))) if i not in seen]
         proposed = self._limits
@@ -162,15 +166,20 @@ class Rebuild:
         order, proposed = values[: len(order)], values[len(order) :]
         if self.tuning is not None:
             self.tuning = dataclasses.replace(self.tuning, proposed_limits=proposed)
-        default = self._layout(order, self._limits)
-        if proposed != self._limits:
-            candidate = self._layout(order, proposed)
-            if not candidate.same_buckets(default):
-                self._trial = Trial(candidate, default, TRIAL_PAIRS)
-                self.state = State.TRIAL
-                return self._trial.next_layout()
+        self._order = order
+        if proposed != self._limits and not self._same_buckets(order, proposed, self._limits):
+            self._trial = Trial(proposed, self._limits, TRIAL_PAIRS)
+            self.state = State.TRIAL
+            return self._layout(order, self._trial.next_limits(), release())
+        default = self._layout(order, self._limits, release())
         self._finish(default)
         return default
+
+    def _same_buckets(self, order: list[int], limits: list[int], other: list[int]) -> bool:
+        """Whether two caps group the parameters identically (then there is nothing to try)."""
+        return assign_buckets(self._params, order, limits, self._sparse) == assign_buckets(
+            self._params, order, other, self._sparse
+        )
 
     def _worth_tuning(self) -> bool:
         """No probe (no extra collective a profiler would count) where no candidate cap could split the gradients:
@@ -180,10 +189,10 @@ class Rebuild:
         smallest = min(autotune.CANDIDATE_CAPS_MB) * MIB
         return self._tune and self._comm.size > 1 and grad_bytes > smallest
 
-    def _layout(self, order: list[int], limits: list[int]) -> BucketLayout:
-        return BucketLayout(self._params, order, limits, self._as_view, self._sparse)
+    def _layout(self, order: list[int], limits: list[int], storage: Storage | None = None) -> BucketLayout:
+        return BucketLayout(self._params, order, limits, self._as_view, self._sparse, storage)
 
-    def _decide(self) -> BucketLayout:
+    def _decide(self, release: Callable[[], Storage | None]) -> BucketLayout:
         assert self._trial is not None
         mine = self._trial.result()
         device = self._params[0].device
@@ -192,10 +201,11 @@ class Rebuild:
         self._comm.broadcast(Op.TRIAL_DECISION, message)  # rank 0's measurements and decision, on every rank
         kept, proposed_s, default_s, ratio, pairs = message.tolist()
         result = autotune.TrialResult(int(pairs), proposed_s, default_s, ratio, bool(kept))
-        winner = self._trial.layouts[0 if result.kept else 1]
+        winner_limits = self._trial.limits[0 if result.kept else 1]
         if self.tuning is not None:
             self.tuning = dataclasses.replace(self.tuning, trial=result)
         self._trial = None
+        winner = self._layout(self._order, winner_limits, release())
         self._finish(winner)
         return winner
 

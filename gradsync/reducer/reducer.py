@@ -29,7 +29,7 @@ from gradsync.observe.recorder import Recorder
 from gradsync.reducer import messages, ready
 from gradsync.reducer.autotune import BucketTuning, tuning_enabled
 from gradsync.reducer.buckets import AnyBucket, size_limits
-from gradsync.reducer.layout import BucketLayout
+from gradsync.reducer.layout import BucketLayout, Storage
 from gradsync.reducer.mode import GraphMode
 from gradsync.reducer.rebuild import Rebuild, State
 from gradsync.reducer.step import BackwardStep, StepContext
@@ -184,15 +184,18 @@ class Reducer:
             for i in layout.silence_small_hooks(self._rebuild.local_order):
                 self._handles[i].remove()
 
-    def _release_layout(self) -> None:
-        """Before the rebuild allocates its layout: free the current one's buffers, so the gradients are not held
-        twice at the peak (torch's rebuild frees its buckets first too). With gradient_as_bucket_view the .grad
-        tensors are its slots, and the new layout copies them over, so it stays until then."""
+    def _release_layout(self) -> Storage | None:
+        """Before the rebuild (or the tuner's trial) builds a layout: let go of the current one and hand its storage
+        over, so the gradients' buckets exist once, not once per layout (torch's rebuild frees its buckets first
+        too). With gradient_as_bucket_view the .grad tensors are its slots, which the new layout copies from, so
+        it keeps them until then and gets a storage of its own."""
         step = self._step
         if self.layout.as_view or (step is not None and step.started and not step.finished):
-            return  # an unfinished step is reported at prepare_for_backward, and needs its layout for that
+            return None  # an unfinished step is reported at prepare_for_backward, and needs its layout for that
+        storage = self.layout.storage
         self._step = None  # the last step's BackwardStep holds the layout too
         self.layout = BucketLayout([], [], self.layout.limits, False, None)  # empty until the rebuild's arrives
+        return storage
 
     def _may_silence_hooks(self) -> bool:
         # Only a static graph runs the same hooks in the same order every time, and only this rank's own observed

@@ -76,8 +76,10 @@ class BackwardStep:
         # Each bucket's averages go into .grad as soon as it is waited for (as torch's reducer does), so the copies
         # overlap the wait for later buckets; unused parameters (whose .grad stays untouched) make them wait for all.
         each_bucket = not shadow and (ctx.bucket_reduced is not None or ctx.usage.all_used_known())
-        self._bucket_done = self._hand_on if each_bucket else _ignore
-        self._all_done = self._write_back if not shadow and not each_bucket else _ignore_used
+        # Plain functions, called with the step: a bound method kept on the step would make a reference cycle, and
+        # a finished step (with its layout's buffers) would then wait for the garbage collector to be freed.
+        self._bucket_done = BackwardStep._hand_on if each_bucket else _ignore
+        self._all_done = BackwardStep._write_back if not shadow and not each_bucket else _ignore_used
         # Hot-path lookups, bound once per step.
         self._take_of = layout.take_of
         self._slot_of = layout.slot_of
@@ -169,11 +171,11 @@ class BackwardStep:
             self._check_result(k, result)
             if self.buffers is None:  # a shadow's results are zeros from everyone else: nothing to keep
                 self.layout.buckets[k].receive(result)
-                self._bucket_done(self.layout.buckets[k])
+                self._bucket_done(self, self.layout.buckets[k])
         # Hold no finished futures past this point: gloo work objects that outlive the process group are destroyed
         # during interpreter teardown and abort the process ("terminate called ...").
         self.futures = []
-        self._all_done(self.ctx.usage.result())
+        self._all_done(self, self.ctx.usage.result())
 
     def _check_result(self, k: int, result: Any) -> None:
         bucket = self.layout.buckets[k]
@@ -208,9 +210,9 @@ def _raise_no_gradient(names: list[str], hint: str) -> None:
     raise GradientError(message)
 
 
-def _ignore(_bucket: AnyBucket) -> None:
+def _ignore(_step: BackwardStep, _bucket: AnyBucket) -> None:
     pass
 
 
-def _ignore_used(_globally_used: list[int] | None) -> None:
+def _ignore_used(_step: BackwardStep, _globally_used: list[int] | None) -> None:
     pass

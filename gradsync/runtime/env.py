@@ -3,19 +3,18 @@ initialise the process group. One call at the top of a training script; also wor
 
 from __future__ import annotations
 
-import atexit
 import dataclasses
 import datetime
 import math
 import os
 import re
 import socket
-import time
 
 import torch
 import torch.distributed as dist
 
 from gradsync import settings
+from gradsync.collectives.groups import release_backend_threads
 from gradsync.errors import CollectiveError, ConfigError
 
 DEFAULT_TIMEOUT_S = 600.0  # torch's own default for gloo and NCCL; GRADSYNC_TIMEOUT (seconds) overrides
@@ -149,7 +148,6 @@ def init(backend: str | None = None, timeout: float | datetime.timedelta | None 
         torch.cuda.set_device(device)
     if dist.is_initialized():
         return DistInfo(dist.get_rank(), dist.get_world_size(), local_rank, local_world, device, dist.get_backend())
-    atexit.register(release_backend_threads)  # also for scripts that never call shutdown()
     if world == 1 and "MASTER_ADDR" not in found:
         dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
     else:
@@ -231,35 +229,6 @@ def _rendezvous_failed(exc: Exception, rank: int, world: int, where: str, timeou
         f"({str(exc).rstrip('.')}). Check that rank 0 is running and that MASTER_ADDR and MASTER_PORT point at "
         "it from this host."
     )
-
-
-def _gloo_threads_alive() -> bool:
-    try:
-        tasks = os.listdir("/proc/self/task")
-    except OSError:
-        return True  # cannot tell (not Linux): be safe
-    for task in tasks:
-        try:
-            with open(f"/proc/self/task/{task}/comm") as fh:
-                if fh.read().startswith("pt_gloo"):
-                    return True
-        except OSError:
-            continue
-    return False
-
-
-def release_backend_threads(seconds: float = 0.1) -> None:
-    """Give gloo's worker threads the GIL for a moment before the interpreter finalises.
-
-    A gloo worker thread destroys each finished work, and with it the last reference to tensors whose Python
-    objects torch keeps alive (``all_gather_object``'s temporaries): that needs the GIL. If the interpreter is
-    already finalising, taking the GIL exits the thread through a ``noexcept`` frame and the process aborts with
-    "terminate called without an active exception" (seen here in ~1 run in 5 of the main job; torch keeps the
-    group alive past ``destroy_process_group`` once ``torch._dynamo`` is imported, which any optimizer does).
-    Sleeping here releases the GIL while the interpreter can still serve them. Registered at exit by :func:`init`.
-    """
-    if _gloo_threads_alive():
-        time.sleep(seconds)
 
 
 def shutdown() -> None:
