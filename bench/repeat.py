@@ -123,9 +123,7 @@ def compiled_markdown(summaries: list[dict]) -> str:
         ours = next(spec for spec in v if spec.startswith("gradsync"))
         runs = ", ".join(f"{x:.3f}" for x in v[ours]["vs_torch_runs"] if x is not None)
         exposed = f"{v['torch']['exposed_comm_ms']:.1f} / {v[ours]['exposed_comm_ms']:.1f}"
-        rows.append(
-            f"| {s['model']} | {s['link']} | {s['compile']} | {v[ours]['vs_torch']:.3f} ({runs}) | {exposed} |"
-        )
+        rows.append(f"| {s['model']} | {s['link']} | {s['compile']} | {v[ours]['vs_torch']:.3f} ({runs}) | {exposed} |")
     return "\n".join(rows)
 
 
