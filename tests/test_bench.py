@@ -34,3 +34,24 @@ def test_bench_writes_ratios_tuning_and_a_png(tmp_path: Path) -> None:
     assert "bucket cap" in result["variants"]["gradsync"]["bucket_tuning"]
     assert result["variants"]["gradsync:tune=0"]["bucket_tuning"] is None
     assert out.with_suffix(".png").stat().st_size > 10_000
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("order", ["inner", "outer"])
+def test_compiled_bench_splits_gradsyncs_graph_and_reports_exposed_communication(tmp_path: Path, order: str) -> None:
+    """--compile: the figure is a compiled one only if dynamo split gradsync's graph (recorded per variant)."""
+    out = tmp_path / "mlp.json"
+    subprocess.run(
+        [sys.executable, "-m", "bench", "--model", "mlp", "--variants", "local;torch;gradsync", "--steps", "2"]
+        + ["--warmup", "2", "--batch", "4", "--compile", order, "--backend", "aot_eager", "--out", str(out)],
+        cwd=ROOT,
+        check=True,
+        timeout=230,
+        capture_output=True,
+    )
+    result = json.loads(out.read_text())
+    assert result["compile"] == order and result["backend"] == "aot_eager"
+    assert result["variants"]["gradsync"]["graph_split"] > 0
+    assert result["variants"]["gradsync"]["bucket_tuning"] is None  # a compiled model keeps its caps
+    for spec in ("torch", "gradsync"):
+        assert result["variants"][spec]["exposed_comm_ms"] >= 0, spec
