@@ -1,5 +1,6 @@
 """gradsync: data-parallel training for PyTorch, in readable Python. A drop-in for torch's DDP."""
 
+from gradsync import elastic  # README's gradsync.elastic.init(...) after a plain `import gradsync`
 from gradsync.comm.grad_bucket import GradBucket
 from gradsync.data import DistributedLoader, DistributedSampler
 from gradsync.ddp import DistributedDataParallel
@@ -23,6 +24,7 @@ __all__ = [
     "ZeroRedundancyOptimizer",
     "__version__",
     "checkpoint",
+    "elastic",
     "init",
     "shutdown",
 ]

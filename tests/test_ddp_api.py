@@ -176,3 +176,12 @@ def test_inputs_move_to_the_device_as_torch_moves_them(monkeypatch: pytest.Monke
     assert torch.equal(inputs[0].data, packed.data) and torch.equal(inputs[0].batch_sizes, packed.batch_sizes)
     assert [kind for kind, _ in moved_kinds][:1] == ["packed"] and ("tensor", {}) in moved_kinds
     assert all(not kw.get("non_blocking", False) for _, kw in moved_kinds), moved_kinds
+
+
+def test_the_elastic_api_is_reachable_after_a_plain_import() -> None:
+    """README's elastic snippet writes gradsync.elastic.init(...) after `import torch, gradsync`."""
+    import subprocess
+    import sys
+
+    code = "import torch, gradsync; assert callable(gradsync.elastic.init) and gradsync.elastic.ElasticLoader"
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)  # a fresh interpreter: nothing imported yet
