@@ -240,8 +240,7 @@ class Communicator:
     def timeout_seconds(self) -> float:
         """The process group's collective timeout (gloo and NCCL enforce it on their own collectives), read from the
         backend that serves the owner's device: NCCL's for a CUDA model, not the CPU side's."""
-        devices = [d for d in (self.device, torch.device("cpu")) if d is not None]
-        for device in devices:
+        for device in dict.fromkeys(d for d in (self.device, torch.device("cpu")) if d is not None):
             try:
                 return self.group._get_backend(device).options._timeout.total_seconds()
             except Exception:  # no backend for this device, or one that does not say

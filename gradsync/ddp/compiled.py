@@ -106,10 +106,6 @@ class GraphSplit:
         self.frames_split += 1
         return max(self._cap(), DEFAULT_FIRST_BUCKET_BYTES)
 
-    @property
-    def available(self) -> bool:
-        return _MISSING is None
-
 
 def engage(split: GraphSplit) -> object:
     """From now on, a frame dynamo compiles is split at ``split``'s cap; returns what :func:`release` restores (an

@@ -98,14 +98,6 @@ class BucketLayout:
             bucket.buffer.mul_(scale)
         write_back(None, bucket.params, bucket.views, bucket.param_indices, self.as_view)
 
-    def same_buckets(self, other: BucketLayout) -> bool:
-        """Whether ``other`` groups the parameters identically (then switching between them changes nothing)."""
-        return [b.param_indices for b in self.buckets] == [b.param_indices for b in other.buckets]
-
-    def new(self, params: Sequence[torch.Tensor], order: Sequence[int], limits: Sequence[int]) -> BucketLayout:
-        """A layout like this one (view mode, sparse parameters) for another order or caps."""
-        return BucketLayout(params, order, limits, self.as_view, self.sparse)
-
 
 # Per (dtype, device): one flat tensor that every dense bucket of a layout is a slice of. Its size is the
 # parameters' and not the bucketing's, so a rebuilt layout (and each of the tuner's trial layouts) can take over the
