@@ -12,20 +12,32 @@ import gradsync
 from gradsync.testing import spawn
 
 READS = ("item", "tolist", "__bool__", "__float__", "__int__", "cpu", "numpy")
-# What each mode reads per steady step, and why: find_unused_parameters needs the all-reduced usage map on the host
-# to decide which .grad to leave untouched (torch's reducer copies it back too).
-EXPECTED = {"default": 0, "bucket_view": 0, "static_graph": 0, "find_unused": 1}
+# What each mode reads per steady step, and why: find_unused_parameters reads the all-reduced usage map on the host
+# only when this rank left a parameter unused, to decide which .grad to leave untouched (torch's reducer reads it
+# lazily, in the same case); a rank that used every parameter knows they are used everywhere.
+EXPECTED = {"default": 0, "bucket_view": 0, "static_graph": 0, "find_unused": 0, "find_unused_some_unused": 1}
 MODES = {
     "default": {},
     "bucket_view": {"gradient_as_bucket_view": True},
     "static_graph": {"static_graph": True},
     "find_unused": {"find_unused_parameters": True},
+    "find_unused_some_unused": {"find_unused_parameters": True},
 }
+
+
+class _OneUnused(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Sequential(*[nn.Linear(64, 64) for _ in range(4)])
+        self.unused = nn.Linear(64, 64)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.body(x)
 
 
 def _reads_per_step(rank: int, world: int, mode: str) -> float:
     torch.manual_seed(0)
-    model = nn.Sequential(*[nn.Linear(64, 64) for _ in range(4)])
+    model = _OneUnused() if mode == "find_unused_some_unused" else nn.Sequential(*[nn.Linear(64, 64) for _ in range(4)])
     ddp = gradsync.DistributedDataParallel(model, bucket_cap_mb=0.02, **MODES[mode])
     x = torch.randn(8, 64)
     for _ in range(8):  # past the rebuild (and any tuner trial)

@@ -166,3 +166,52 @@ def test_static_graph_keeps_one_hook_per_bucket_of_small_parameters(view: bool) 
         assert result["hooked"][1:] == [result["kept"]] * 3, result
         assert result["kept"] <= 1 + result["buckets"] < n_params // 2, result
         assert result["diff"] <= 1e-6
+
+
+def test_a_backward_is_nested_only_below_another_one_on_the_same_thread() -> None:
+    """The reducer reports a missing gradient when the outermost backward ends, and waits when a reentrant one ends
+    (gradients of the outer may still come). On a GPU the engine ends the outermost backward on its device thread,
+    which holds no backward frame of its own: that must count as outermost, or every CUDA backward looks nested and
+    the error comes a step late. A plain thread stands in for the device thread here."""
+    import threading
+
+    from gradsync.reducer import ready
+
+    caller = threading.get_ident()
+    seen: dict[str, bool] = {}
+
+    def note(key: str) -> None:
+        seen[key] = ready.inside_nested_backward(caller)
+
+    class Reentrant(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):  # type: ignore[no-untyped-def]
+            return x.clone()
+
+        @staticmethod
+        def backward(ctx, grad):  # type: ignore[no-untyped-def]
+            inner = torch.ones(1, requires_grad=True)
+            inner.register_post_accumulate_grad_hook(lambda _p: note("caller, reentrant"))
+            with torch.enable_grad():  # as torch.utils.checkpoint's reentrant backward does
+                (inner * 2).sum().backward()
+            return grad
+
+    outer = torch.ones(1, requires_grad=True)
+    outer.register_post_accumulate_grad_hook(lambda _p: note("caller, outermost"))
+    Reentrant.apply(outer).sum().backward()
+
+    def device_thread() -> None:
+        note("device thread, outermost")  # the engine's own thread ending the outermost backward: no frame
+        inner = torch.ones(1, requires_grad=True)
+        inner.register_post_accumulate_grad_hook(lambda _p: note("device thread, reentrant"))
+        (inner * 2).sum().backward()  # a backward called on that thread: a reentrant one
+
+    thread = threading.Thread(target=device_thread)
+    thread.start()
+    thread.join()
+    assert seen == {
+        "caller, outermost": False,
+        "caller, reentrant": True,
+        "device thread, outermost": False,
+        "device thread, reentrant": True,
+    }

@@ -92,18 +92,21 @@ def current_graph_task() -> int:
     return task_id() if task_id is not None else -1
 
 
-def inside_nested_backward(forward_thread: int) -> bool:
+def inside_nested_backward(caller_thread: int) -> bool:
     """Whether the backward now ending runs inside another one (reentrant checkpointing calls backward from a
     Function's backward). Then more gradients of the outer backward may still come.
 
-    On CPU the inner backward runs on the caller's thread, below a second ``_engine_run_backward`` frame; on a GPU
-    the engine runs it on a device thread, not the thread that ran the forward.
+    Counted by the ``_engine_run_backward`` frames on this thread. The thread that called the outermost backward
+    (``caller_thread``, the forward's: torch's CPU engine runs the graph there) holds one frame for it, so a second
+    means nested. Any other thread is an autograd device thread (a GPU's): the engine started it, so no frame of
+    the outermost backward is on it, and one frame means a reentrant backward runs there. Counting one frame as
+    nested everywhere would make every CUDA backward look nested, and a missing gradient would be reported a step
+    late.
     """
-    if threading.get_ident() != forward_thread:
-        return True
     depth = 0
     frame = sys._getframe()
     while frame is not None:
         depth += frame.f_code.co_name == "_engine_run_backward"
         frame = frame.f_back  # type: ignore[assignment]
-    return depth > 1
+    outermost_frames = 1 if threading.get_ident() == caller_thread else 0
+    return depth > outermost_frames

@@ -67,6 +67,7 @@ class GlobalUsage:
         self._have_known = False
         self._map: torch.Tensor | None = None
         self._future: torch.futures.Future | None = None
+        self._used_everywhere_here = False  # this rank used every parameter: the reduced map cannot say otherwise
 
     def reduced_this_step(self) -> bool:
         """Whether this step's backward all-reduces a usage map (a joined rank then shadows it with zeros)."""
@@ -83,6 +84,7 @@ class GlobalUsage:
     def start(self, used: bytearray, device: torch.device) -> None:
         """Launch the all-reduce of this rank's map (after the last bucket, so it never delays one); the next
         synced step starts from an empty map."""
+        self._used_everywhere_here = used.count(0) == 0
         self._map = _on_device(torch.frombuffer(bytearray(used), dtype=torch.uint8).to(torch.int32), device)
         if self._local_is_global:
             self._future = torch.futures.Future()
@@ -97,13 +99,18 @@ class GlobalUsage:
         return self._have_known
 
     def result(self) -> list[int] | None:
-        """Per parameter, 0 if no rank used it; None if every parameter counts as used (the write-back's fast path)."""
+        """Per parameter, 0 if no rank used it; None if every parameter counts as used (the write-back's fast path).
+
+        The reduced map is read on the host only if this rank left a parameter unused, as torch's reducer reads it
+        lazily (``finalize_bucket_dense``): a parameter used here is used globally, so a rank that used them all
+        knows the answer, and on a GPU it does not wait for the device. The wait itself only orders the streams
+        there (and surfaces a failed all-reduce on gloo)."""
         if self._future is None or self._map is None:
             return self._known
         self._comm.wait(self._future, Op.USAGE_ALLREDUCE)
         self._future = None
-        flags = self._map.tolist()
-        result = None if all(flags) else flags
+        flags = None if self._used_everywhere_here else self._map.tolist()
+        result = None if flags is None or all(flags) else flags
         if self.mode is GraphMode.STATIC:
             self._known, self._have_known = result, True
         return result

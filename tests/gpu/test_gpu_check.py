@@ -255,3 +255,32 @@ def test_memory_after_the_rebuild_is_within_5_percent_of_torchs() -> None:
     ours, theirs = _measure("memory")
     print(f"peak GPU memory in steady steps: gradsync {ours / 2**20:.0f} MiB, torch's DDP {theirs / 2**20:.0f} MiB")
     assert ours <= 1.05 * theirs, f"gradsync {ours / 2**20:.0f} MiB vs torch's {theirs / 2**20:.0f} MiB"
+
+
+# ------------------------------------------------------------------ a missing gradient, named in its own step
+def _missing_gradient(rank: int, world: int) -> str:
+    device = _device(rank)
+    model = nn.ModuleDict({"used": nn.Linear(8, 8), "never": nn.Linear(8, 8)}).to(device)
+    ddp = gradsync.DistributedDataParallel(_UsesOne(model))
+    try:
+        ddp(torch.randn(4, 8, device=device)).sum().backward()
+    except gradsync.errors.GradientError as error:
+        return str(error)
+    return "no error in the backward that missed the gradients"
+
+
+class _UsesOne(nn.Module):
+    def __init__(self, parts: nn.ModuleDict) -> None:
+        super().__init__()
+        self.parts = parts
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.parts["used"](x)
+
+
+@needs_gpu
+def test_a_missing_gradient_is_named_in_the_backward_that_missed_it() -> None:
+    # On CUDA the engine ends the backward on its device thread; it must not be mistaken for a nested one.
+    messages = spawn(_missing_gradient, 2, timeout=120)
+    for message in messages:
+        assert "parts.never.weight" in message, message
