@@ -9,6 +9,7 @@ import torch.distributed as dist
 from torch import nn
 
 import gradsync
+from gradsync.observe.clock import HostClock
 from gradsync.reducer import autotune, rebuild
 from gradsync.reducer.autotune import LinkCost, choose_size_limits, predict_finish, ready_seconds
 from gradsync.reducer.buckets import MIB
@@ -73,6 +74,8 @@ def test_ready_seconds_fills_never_ready_with_the_end() -> None:
 def test_tuning_enabled(monkeypatch: pytest.MonkeyPatch) -> None:
     assert autotune.tuning_enabled(None) and autotune.tuning_enabled("auto")
     assert not autotune.tuning_enabled(25)
+    # On a GPU the tuner is not yet checked against measurement: it runs only when asked for.
+    assert not autotune.tuning_enabled(None, "cuda") and autotune.tuning_enabled("auto", "cuda")
     for off in ("0", "off", "False", "no"):
         monkeypatch.setenv("GRADSYNC_BUCKET_TUNING", off)
         assert not autotune.tuning_enabled(None) and autotune.tuning_enabled("auto")
@@ -87,15 +90,15 @@ def test_trial_alternates_and_keeps_only_a_measured_gain() -> None:
     seen = []
     for seconds in (0.9, 1.0, 0.95, 1.0, 2.0, 1.0):  # one outlier under the proposal: the median ignores it
         seen.append(trial.next_limits())
-        trial.add(seconds)
+        trial.add(0.0, seconds)  # the host clock's marks: start and end of the step
     assert seen == [proposed, default] * 3 and trial.complete
-    result = trial.result()
+    result = trial.result(HostClock())
     assert result.pairs == 3 and result.ratio == pytest.approx(0.95) and result.kept
     assert "measured 0.950x over 3 paired steps" in result.describe()
     slower = Trial(proposed, default, pairs=2)
     for seconds in (1.0, 1.0, 0.99, 1.0):  # 0.995x: within this machine's noise, not a gain
-        slower.add(seconds)
-    assert not slower.result().kept
+        slower.add(0.0, seconds)
+    assert not slower.result(HostClock()).kept
 
 
 STEPS = 5

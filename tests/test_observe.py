@@ -88,3 +88,69 @@ def test_events_trace_and_report(tmp_path: Path) -> None:
     png = tmp_path / "report.png"
     assert report_main([str(trace), "--out", str(png)]) == 0
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+class _DeviceClock:
+    """A stand-in for a GPU's clock: every mark is 1 s of device time after the last, and done only when the test
+    says so (or a reader waits for it)."""
+
+    def __init__(self) -> None:
+        self.time = 0.0
+        self.marks: list[dict] = []
+        self.waited = 0
+
+    def mark(self) -> dict:
+        self.time += 1.0
+        self.marks.append({"t": self.time, "done": False})
+        return self.marks[-1]
+
+    def mark_after(self, future: torch.futures.Future) -> dict:
+        return self.mark()
+
+    def done(self, mark: dict) -> bool:
+        return mark["done"]
+
+    def seconds(self, start: dict, end: dict) -> float:
+        if not end["done"]:
+            self.waited += 1
+            end["done"] = True
+        return end["t"] - start["t"]
+
+    def finish_all(self) -> None:
+        for mark in self.marks:
+            mark["done"] = True
+
+
+def test_a_device_clock_places_the_gpu_timeline_and_is_read_only_when_done() -> None:
+    """On a GPU the recorder's times are the device's marks, not the host's launches; marks still running are
+    read later, never waited for in the step, and reading ``steps`` waits for the rest."""
+    from types import SimpleNamespace
+
+    from gradsync.observe.recorder import StepRecorder
+
+    clock = _DeviceClock()
+    recorder = StepRecorder(clock=clock)  # type: ignore[arg-type]
+    done = torch.futures.Future()
+    done.set_result(None)
+    bucket = SimpleNamespace(index=0, nbytes=4, param_indices=[0])
+    recorder.forward_start()
+    recorder.forward_end()
+    recorder.backward_start([bucket])
+    recorder.bucket_ready(0)
+    recorder.bucket_launched(0, done)
+    recorder.backward_end()
+    recorder.comm_end()
+    recorder.forward_start()  # the next step: nothing of the last one is done on the device yet
+    first = recorder._steps[0]
+    assert first.forward_end == 0.0 and clock.waited == 0
+    clock.finish_all()
+    recorder.forward_start()  # now they are: read without waiting
+    assert clock.waited == 0 and first.forward_end > 0.0
+    # 1 s of device time between consecutive marks: the spans are the device's, though the host took microseconds.
+    assert first.forward_end - first.forward_start == pytest.approx(1.0)
+    b = first.buckets[0]
+    assert (b.ready - first.backward_start, b.launch - b.ready, b.done - b.launch) == pytest.approx((1.0, 1.0, 1.0))
+    assert first.comm_end - b.done == pytest.approx(2.0)  # backward_end came between
+    recorder.forward_end()
+    steps = recorder.steps  # the last step's start and forward end are still running: reading waits for them
+    assert clock.waited == 2 and steps[-1].forward_end - steps[-1].forward_start == pytest.approx(1.0)

@@ -1,6 +1,7 @@
 """Monitor: attach to a DDP model (and optimizer) to see where each step's time goes, on every rank.
 
-Costs nothing until attached; attached, a few clock reads per bucket and per step.
+Costs nothing until attached; attached, a few clock marks per bucket and per step (CUDA events on a GPU, so the
+figures are the GPU's, not the host's launch times).
 """
 
 from __future__ import annotations
@@ -33,7 +34,8 @@ class Monitor:
     def __init__(self, ddp: Any, optimizer: torch.optim.Optimizer | None = None, max_steps: int = 10_000) -> None:
         require_ddp("Monitor", ddp)
         self.ddp = ddp
-        self.recorder = StepRecorder(max_steps)
+        device = next(ddp.module.parameters(), torch.empty(0)).device  # whose clock times the steps
+        self.recorder = StepRecorder(max_steps, device)
         ddp.attach_recorder(self.recorder)
         self._handles = []
         if optimizer is not None:

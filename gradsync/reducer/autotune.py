@@ -40,10 +40,15 @@ MIN_GAIN = 0.05  # of the predicted backward + communication time under the defa
 TIE = 0.01
 
 
-def tuning_enabled(bucket_cap_mb: object) -> bool:
-    """``"auto"`` tunes; None (torch's default) tunes unless ``GRADSYNC_BUCKET_TUNING`` is off; a number never does."""
+def tuning_enabled(bucket_cap_mb: object, device_type: str = "cpu") -> bool:
+    """``"auto"`` tunes; None (torch's default) tunes unless ``GRADSYNC_BUCKET_TUNING`` is off, or the model is on a
+    GPU; a number never does.
+
+    On a GPU the tuner times with CUDA events (:mod:`gradsync.observe.clock`), but neither its cost model nor its
+    trial has been checked against measurement there yet, so it decides nothing by default: a CUDA model keeps
+    torch's caps unless ``bucket_cap_mb="auto"`` asks for the tuner."""
     if bucket_cap_mb is None:
-        return settings.bucket_tuning()
+        return settings.bucket_tuning() and device_type != "cuda"
     return bucket_cap_mb == "auto"
 
 
@@ -118,7 +123,7 @@ def tune(
 ) -> BucketTuning:
     """Probe the link (every rank must call this) and propose caps for ``params`` bucketed in ``order``.
 
-    ``times``: iteration 1's ready order, the perf_counter() of each entry, and the backward's start.
+    ``times``: iteration 1's ready order, the time of each entry, and the backward's start (seconds, one clock).
     """
     link = probe_link(comm, params[0].device, sum(p.numel() * p.element_size() for p in params))
     ready_s = ready_seconds(len(params), *times)

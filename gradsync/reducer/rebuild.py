@@ -24,12 +24,12 @@ import dataclasses
 import enum
 import logging
 import statistics
-import time
 from collections.abc import Callable, Sequence
 
 import torch
 
 from gradsync.collectives.communicator import Communicator, Op
+from gradsync.observe.clock import Clock, HostClock, Mark
 from gradsync.reducer import autotune
 from gradsync.reducer.buckets import MIB, assign_buckets
 from gradsync.reducer.layout import BucketLayout, Storage
@@ -58,7 +58,7 @@ class Trial:
 
     def __init__(self, proposed: list[int], default: list[int], pairs: int) -> None:
         self.limits = (proposed, default)
-        self.seconds: tuple[list[float], list[float]] = ([], [])
+        self.marks: tuple[list[tuple[Mark, Mark]], list[tuple[Mark, Mark]]] = ([], [])
         self.steps = 2 * pairs
         self.taken = 0
 
@@ -69,13 +69,14 @@ class Trial:
     def next_limits(self) -> list[int]:
         return self.limits[self.taken % 2]
 
-    def add(self, seconds: float) -> None:
-        self.seconds[self.taken % 2].append(seconds)
+    def add(self, start: Mark, end: Mark) -> None:
+        self.marks[self.taken % 2].append((start, end))
         self.taken += 1
 
-    def result(self) -> autotune.TrialResult:
-        """This rank's measurements; the decision (``kept``) is rank 0's, see :meth:`Rebuild._decide`."""
-        proposed, default = self.seconds
+    def result(self, clock: Clock) -> autotune.TrialResult:
+        """This rank's measurements; the decision (``kept``) is rank 0's, see :meth:`Rebuild._decide`. The steps'
+        marks are read here, at the decision, where waiting for them (on a GPU) costs the hot path nothing."""
+        proposed, default = ([clock.seconds(*pair) for pair in marks] for marks in self.marks)
         ratios = [p / d for p, d in zip(proposed, default) if d > 0]
         ratio = _median(ratios, float("inf"))
         proposed_s, default_s = _median(proposed, 0.0), _median(default, 0.0)
@@ -94,9 +95,11 @@ class Rebuild:
         first: BucketLayout,
         enabled: bool,
         tune: bool,
+        clock: Clock | None = None,
     ) -> None:
         self._params = params
         self._comm = comm
+        self._clock = clock or HostClock()  # the device's: on a GPU the host's times are launch times
         self._limits = list(first.limits)
         # The rebuilt layouts keep iteration 1's view mode and sparse parameters; the layout itself is not kept, so
         # its buffers are freed once the reducer lets go of it (a whole copy of the gradients otherwise).
@@ -105,8 +108,8 @@ class Rebuild:
         self.state = State.RECORDING if enabled else State.NEVER
         self.tuning: autotune.BucketTuning | None = None
         self.local_order: list[int] = []  # this rank's observed ready order (iteration 1)
-        self._ready_times: list[float] = []
-        self._backward_start = 0.0
+        self._ready_marks: list[Mark] = []
+        self._backward_start: Mark = None
         self._trial: Trial | None = None
         self._order: list[int] = []  # the rebuilt order, rank 0's (every layout from the rebuild on uses it)
 
@@ -123,20 +126,21 @@ class Rebuild:
         return self.state is State.DONE
 
     def record(self, index: int) -> None:
-        """Iteration 1: parameter ``index``'s gradient is ready now."""
+        """Iteration 1: parameter ``index``'s gradient is ready now (marked on the stream that computed it)."""
         self.local_order.append(index)
-        self._ready_times.append(time.perf_counter())
+        self._ready_marks.append(self._clock.mark())
 
-    def backward_started(self, when: float) -> None:
-        if self.state is State.RECORDING:
-            self._backward_start = when
+    def backward_started(self) -> None:
+        """A synced backward's first gradient (or a joined rank's shadow) is here: the timed span starts."""
+        if self.state is State.RECORDING or self.state is State.TRIAL:
+            self._backward_start = self._clock.mark()
 
-    def backward_done(self, seconds: float) -> None:
-        """A synced backward (or a joined rank's shadow of one) ended; it took ``seconds``."""
+    def backward_done(self) -> None:
+        """A synced backward (or a joined rank's shadow of one) ended: every ``.grad`` is final."""
         if self.state is State.RECORDING:
             self.state = State.PENDING
         elif self.state is State.TRIAL and self._trial is not None:
-            self._trial.add(seconds)
+            self._trial.add(self._backward_start, self._clock.mark())
             if self._trial.complete:
                 self.state = State.DECIDING
 
@@ -157,7 +161,8 @@ class Rebuild:
         order = self.local_order + [i for i in reversed(range(len(self._params))) if i not in seen]
         proposed = self._limits
         if self._worth_tuning():  # every rank probes; rank 0's proposal is the one broadcast
-            times = (self.local_order, self._ready_times, self._backward_start)
+            ready_s = [self._clock.seconds(self._backward_start, mark) for mark in self._ready_marks]
+            times = (self.local_order, ready_s, 0.0)
             self.tuning = autotune.tune(self._comm, self._params, order, times, self._limits)
             proposed = self.tuning.proposed_limits
         plan = torch.tensor(order + proposed, dtype=torch.int64, device=self._params[0].device)
@@ -194,7 +199,7 @@ class Rebuild:
 
     def _decide(self, release: Callable[[], Storage | None]) -> BucketLayout:
         assert self._trial is not None
-        mine = self._trial.result()
+        mine = self._trial.result(self._clock)
         device = self._params[0].device
         evidence = [float(mine.kept), mine.proposed_s, mine.default_s, mine.ratio, float(mine.pairs)]
         message = torch.tensor(evidence, dtype=torch.float64, device=device)

@@ -25,6 +25,7 @@ import torch.distributed as dist
 from gradsync.collectives.communicator import Communicator, Op
 from gradsync.comm.grad_bucket import GradBucket
 from gradsync.errors import ConfigError, GradientError
+from gradsync.observe.clock import clock_for
 from gradsync.observe.recorder import Recorder
 from gradsync.reducer import messages, ready
 from gradsync.reducer.autotune import BucketTuning, tuning_enabled
@@ -65,12 +66,9 @@ class Reducer:
         # Iteration 1: reverse registration order, torch's guess at the order gradients become ready.
         first_order = list(reversed(range(len(self.params))))
         self.layout = BucketLayout(self.params, first_order, limits, gradient_as_bucket_view, sparse)
-        self._rebuild = Rebuild(self.params, comm, self.layout, mode.rebuilds, tuning_enabled(bucket_cap_mb))
-        if any(p.device.type == "cuda" for p in self.params):
-            # The tuner times backward and its all-reduces with the host's clock; on CUDA those are launch times (an
-            # NCCL future is done when enqueued), so it would decide from numbers that are not the GPU's. Until it
-            # times with CUDA events, CUDA models keep the configured (torch's) caps.
-            self._rebuild.disable_tuning()
+        device = self.params[0].device if self.params else torch.device("cpu")
+        tune = tuning_enabled(bucket_cap_mb, device.type)
+        self._rebuild = Rebuild(self.params, comm, self.layout, mode.rebuilds, tune, clock_for(device))
         self._usage = GlobalUsage(len(self.params), mode, comm, assume_same_everywhere=skip_unused)
         self._comm_hook: CommHook | None = None
         self._comm_state: Any = None
@@ -230,12 +228,12 @@ class Reducer:
 
     def shadow_backward(self) -> None:
         """A joined rank: issue this backward's collectives with zeros, exactly as a training rank would."""
-        start = time.perf_counter()
+        self._rebuild.backward_started()
         self._agree_on_hook_once()
         step = BackwardStep(self._context, self.layout, shadow=True)
         step.launch_all_as_shadow()
         step.finish()
-        self._end_synced_backward(time.perf_counter() - start)
+        self._end_synced_backward()
 
     def sink_backward_started(self) -> None:
         """The outputs' sink ran: this is the outermost backward of the armed step; check its end there."""
@@ -275,7 +273,7 @@ class Reducer:
             raise ConfigError(messages.compiled_autograd())
         self._agree_on_hook_once()
         step.started = time.perf_counter()
-        self._rebuild.backward_started(step.started)
+        self._rebuild.backward_started()
         if not step.end_queued:
             step.end_queued = True
             torch.autograd.Variable._execution_engine.queue_callback(self._end_of_backward)
@@ -355,11 +353,11 @@ class Reducer:
         with torch.no_grad():
             step.finish()
         self._recorder.comm_end()
-        self._end_synced_backward(time.perf_counter() - step.started)
+        self._end_synced_backward()
 
-    def _end_synced_backward(self, seconds: float) -> None:
+    def _end_synced_backward(self) -> None:
         self.iteration += 1
-        self._rebuild.backward_done(seconds)
+        self._rebuild.backward_done()
 
     def _raise_if_unfinished(self) -> None:
         step = self._step

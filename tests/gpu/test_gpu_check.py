@@ -284,3 +284,40 @@ def test_a_missing_gradient_is_named_in_the_backward_that_missed_it() -> None:
     messages = spawn(_missing_gradient, 2, timeout=120)
     for message in messages:
         assert "parts.never.weight" in message, message
+
+
+# ------------------------------------------------------------ the Monitor and the tuner time the GPU's work
+def _gpu_timeline(rank: int, world: int) -> tuple[float, float, bool]:
+    import time
+
+    from gradsync.observe import Monitor
+
+    device = _device(rank)
+    torch.manual_seed(0)
+    module = nn.Sequential(*[nn.Linear(4096, 4096) for _ in range(6)]).to(device)
+    ddp = gradsync.DistributedDataParallel(module, bucket_cap_mb="auto")  # the tuner, asked for on CUDA
+    opt = torch.optim.SGD(module.parameters(), lr=1e-4)
+    monitor = Monitor(ddp, opt)
+    x = torch.randn(512, 4096, device=device)
+    walls = []
+    for _ in range(16):
+        torch.cuda.synchronize(device)
+        start = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        ddp(x).square().mean().backward()
+        opt.step()
+        torch.cuda.synchronize(device)
+        walls.append(time.perf_counter() - start)
+    recorded = [s.optimizer_end - s.forward_start for s in monitor.steps[-4:]]
+    tuning = ddp.reducer.tuning
+    trial_timed = tuning is None or tuning.trial is None or tuning.trial.default_s > 0
+    return sorted(recorded)[2], sorted(walls[-4:])[2], tuning is not None and trial_timed
+
+
+@needs_gpu
+def test_monitor_and_tuner_time_the_gpu_not_the_launches() -> None:
+    # Host timestamps on CUDA are launch times: a step would look a fraction of what the GPU took.
+    recorded, wall, tuned = spawn(_gpu_timeline, 2, timeout=150)[0]
+    print(f"step recorded by the Monitor {recorded * 1e3:.1f} ms, host wall with synchronize {wall * 1e3:.1f} ms")
+    assert recorded >= 0.7 * wall, f"the Monitor saw {recorded * 1e3:.1f} ms of a {wall * 1e3:.1f} ms step"
+    assert tuned, "bucket_cap_mb='auto' on CUDA made no timed decision"
