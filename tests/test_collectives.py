@@ -122,3 +122,79 @@ def test_the_timeout_is_read_from_the_backend_of_the_owners_device(monkeypatch: 
     assert Communicator(None, device=torch.device("cuda", 0)).timeout_seconds() == 42.0
     assert Communicator(None, device=torch.device("cpu")).timeout_seconds() == 7.0
     assert Communicator(None).timeout_seconds() == 7.0
+
+
+class _Work:
+    """A stand-in for a NCCL work: completes (with or without an error) when the test says."""
+
+    def __init__(self) -> None:
+        self.completed, self.error = False, None
+
+    def is_completed(self) -> bool:
+        return self.completed
+
+    def is_success(self) -> bool:
+        return self.error is None
+
+    def exception(self) -> object:
+        return self.error
+
+
+def test_the_nccl_watch_reports_a_failed_or_stuck_collective_once() -> None:
+    from gradsync.collectives.nccl_watch import Watch
+
+    now = [0.0]
+    reports: list[tuple[str, str]] = []
+    watch = Watch(timeout_seconds=100, report=lambda what, why: reports.append((what, why)), clock=lambda: now[0])
+    fine, failing, stuck = _Work(), _Work(), _Work()
+    for name, work in (("fine", fine), ("failing", failing), ("stuck", stuck)):
+        watch.add(work, lambda name=name: name)
+    watch.check()
+    assert reports == [] and watch.in_flight() == 3
+    fine.completed = True
+    failing.completed, failing.error = True, RuntimeError("NCCL error: remote process exited")
+    now[0] = 89.0  # before 0.9 of the timeout: a slow collective is not reported
+    watch.check()
+    assert reports == [("failing", "NCCL reported: NCCL error: remote process exited")] and watch.in_flight() == 1
+    now[0] = 91.0
+    watch.check()
+    watch.check()  # once only
+    assert len(reports) == 2 and reports[1][0] == "stuck"
+    assert "still running after 91s of the process group's 100s timeout" in reports[1][1]
+    stuck.completed = True
+    watch.check()
+    assert watch.in_flight() == 0
+
+
+def _stuck_on_nccl(rank: int, world_size: int) -> str | None:
+    import contextlib
+    import io
+    from types import SimpleNamespace
+
+    from gradsync.collectives import Communicator, nccl_watch
+    from gradsync.collectives.communicator import Op
+    from gradsync.collectives.peer_errors import peer_errors
+
+    if rank == 0:
+        nccl_watch.WARN_FRACTION = 0.0  # report at once: the test cannot wait for a real timeout
+        comm = Communicator(None)
+        comm._on_nccl = lambda: True  # type: ignore[method-assign]  # this machine has no NCCL
+        comm.timeout_seconds = lambda: 30.0  # type: ignore[method-assign]
+        cuda_tensor = SimpleNamespace(is_cuda=True)
+        comm._watched(_Work(), Op.BUCKET_ALLREDUCE, 3, None, cuda_tensor)  # type: ignore[arg-type]
+        said = io.StringIO()
+        with contextlib.redirect_stderr(said):
+            assert comm._watch is not None
+            comm._watch.check()
+        dist.barrier()
+        return said.getvalue()
+    dist.barrier()
+    return (peer_errors() or {}).get(0)
+
+
+def test_a_stuck_nccl_collective_is_named_on_stderr_and_to_the_peers() -> None:
+    said, posted = spawn(_stuck_on_nccl, timeout=60)
+    assert said.startswith("gradsync: all-reduce of bucket 3 failed on rank 0: still running after")
+    assert "NCCL's watchdog will end this process" in said and "GRADSYNC_DEBUG=1" in said
+    assert "rank(s) [1] reported nothing" in said  # the peer that never issued it
+    assert posted is not None and posted.startswith("all-reduce of bucket 3 failed on rank 0")

@@ -29,6 +29,7 @@ import torch.distributed as dist
 from gradsync import settings
 from gradsync.collectives import desync
 from gradsync.collectives.groups import resolve
+from gradsync.collectives.nccl_watch import Watch
 from gradsync.collectives.peer_errors import describe_peer_errors, post_error, post_step
 from gradsync.errors import CollectiveError, GradsyncError
 
@@ -94,6 +95,7 @@ class Communicator:
         self.device = device  # the owner's device: where object collectives stage their bytes (None: torch's choice)
         self.sequence = 0  # collectives issued so far: identical on every rank while they are in step
         self.step = 0  # the owner's synced step (DDP advances it at each synced forward), for fingerprints
+        self._watch: Watch | None = None  # NCCL collectives in flight, named if they fail or hang (made at first use)
 
     def begin_step(self) -> None:
         """A new synced step starts (every rank calls this at the same point, joined ranks' shadows included)."""
@@ -120,32 +122,38 @@ class Communicator:
     def broadcast(self, op: Op, tensor: torch.Tensor, src: int = 0, index: int = -1, what: Description = None) -> None:
         """Overwrite ``tensor`` with group rank ``src``'s. ``what``, if given, describes it in errors (lazily)."""
         with self._issuing(op, index, tensor, what):
-            dist.broadcast(tensor, src=self.global_rank(src), group=self.group)
+            work = dist.broadcast(tensor, src=self.global_rank(src), group=self.group, async_op=True)
+            self._watched(work, op, index, what, tensor).wait()
 
     def all_reduce(self, op: Op, tensor: torch.Tensor, index: int = -1, reduce_op: Any = dist.ReduceOp.SUM) -> None:
         with self._issuing(op, index, tensor):
-            dist.all_reduce(tensor, op=reduce_op, group=self.group)
+            work = dist.all_reduce(tensor, op=reduce_op, group=self.group, async_op=True)
+            self._watched(work, op, index, None, tensor).wait()
 
     def all_reduce_async(self, op: Op, tensor: torch.Tensor, index: int = -1) -> torch.futures.Future:
         """Start summing ``tensor`` in place; :meth:`wait` on the returned future."""
         with self._issuing(op, index, tensor):
-            return dist.all_reduce(tensor, group=self.group, async_op=True).get_future()
+            work = dist.all_reduce(tensor, group=self.group, async_op=True)
+            return self._watched(work, op, index, None, tensor).get_future()
 
     def all_to_all_async(self, op: Op, output: torch.Tensor, tensor: torch.Tensor, index: int = -1) -> Any:
         """Start sending the r-th equal slice of ``tensor`` to group rank r, receiving theirs into ``output``."""
         with self._issuing(op, index, tensor):
-            return dist.all_to_all_single(output, tensor, group=self.group, async_op=True)
+            work = dist.all_to_all_single(output, tensor, group=self.group, async_op=True)
+            return self._watched(work, op, index, None, tensor)
 
     def all_gather_async(self, op: Op, outputs: list[torch.Tensor], tensor: torch.Tensor, index: int = -1) -> Any:
         """Start gathering every rank's ``tensor`` into ``outputs`` (group-rank order)."""
         with self._issuing(op, index, tensor):
-            return dist.all_gather(outputs, tensor, group=self.group, async_op=True)
+            work = dist.all_gather(outputs, tensor, group=self.group, async_op=True)
+            return self._watched(work, op, index, None, tensor)
 
     def all_gather(self, op: Op, tensor: torch.Tensor, what: Description = None) -> list[torch.Tensor]:
         """Every rank's ``tensor`` (same shape on every rank), in group-rank order."""
         out = [torch.empty_like(tensor) for _ in range(self.size)]
         with self._issuing(op, -1, tensor, what):
-            dist.all_gather(out, tensor, group=self.group)
+            work = dist.all_gather(out, tensor, group=self.group, async_op=True)
+            self._watched(work, op, -1, what, tensor).wait()
         return out
 
     def all_gather_object(self, op: Op, obj: Any) -> list[Any]:
@@ -247,6 +255,31 @@ class Communicator:
                 continue
         return settings.timeout_seconds(600.0)  # gradsync's own default
 
+    # ---------------------------------------------------------------------------------------- NCCL's side
+    def _watched(self, work: Any, op: Op, index: int, what: Description, tensor: torch.Tensor) -> Any:
+        """``work``, handed to the NCCL watch first when it runs on NCCL (see :mod:`.nccl_watch`)."""
+        if tensor.is_cuda and work is not None and self._on_nccl():
+            if self._watch is None:
+                self._watch = Watch(self.timeout_seconds(), self._report_nccl_problem)
+            self._watch.add(work, lambda: _collective_text(op, index, what))
+        return work
+
+    def _on_nccl(self) -> bool:
+        return "nccl" in str(dist.get_backend(self.group))
+
+    def _report_nccl_problem(self, text: str, reason: str) -> None:
+        """From the watch's thread: say, as gloo's errors say, what failed or hangs, and post it for the peers."""
+        message = f"{text} failed on rank {dist.get_rank()}: {reason}"
+        post_error(message)
+        step = self.step if self.check_desync else None
+        print(
+            f"gradsync: {message}{describe_peer_errors(grace=2.0, collective=text, step=step)}\n  The ranks that "
+            "reported nothing never issued this collective: look at what they were doing (their stacks: py-spy "
+            "dump --pid PID). Rerun with GRADSYNC_DEBUG=1 to compare every collective across the ranks first.",
+            file=sys.stderr,
+            flush=True,
+        )
+
     # ------------------------------------------------------------------------------------------------ helpers
     @contextlib.contextmanager
     def _issuing(self, op: Op, index: int, tensor: torch.Tensor | None, what: Description = None) -> Iterator[None]:
@@ -266,7 +299,7 @@ class Communicator:
         except GradsyncError:
             raise  # already named (a desync report, a failure inside a nested collective)
         except Exception as exc:
-            text = what() if callable(what) else what or op.value + (f" {index}" if index >= 0 else "")
+            text = _collective_text(op, index, what)
             message = f"{text} failed on rank {dist.get_rank()}: {exc}"
             post_error(message)
             # Said at once: a launcher may stop this process during the wait for the peers' reports below.
@@ -282,6 +315,13 @@ class Communicator:
         if dist.get_backend(self.group) == "nccl":
             return torch.device("cuda", torch.cuda.current_device())
         return torch.device("cpu")
+
+
+def _collective_text(op: Op, index: int, what: Description) -> str:
+    """How errors name a collective: ``what`` (a text, or a function building it), else the operation and index."""
+    if callable(what):
+        return what()
+    return what or op.value + (f" {index}" if index >= 0 else "")
 
 
 def _synchronize(device: torch.device) -> None:

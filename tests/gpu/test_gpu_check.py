@@ -321,3 +321,33 @@ def test_monitor_and_tuner_time_the_gpu_not_the_launches() -> None:
     print(f"step recorded by the Monitor {recorded * 1e3:.1f} ms, host wall with synchronize {wall * 1e3:.1f} ms")
     assert recorded >= 0.7 * wall, f"the Monitor saw {recorded * 1e3:.1f} ms of a {wall * 1e3:.1f} ms step"
     assert tuned, "bucket_cap_mb='auto' on CUDA made no timed decision"
+
+
+# ------------------------------------------------------------------------- a stuck NCCL collective, named
+def _one_rank_never_arrives(rank: int, world: int, stderr_path: str) -> None:
+    import os
+    import time
+
+    if rank == 1:
+        time.sleep(40)  # never issues the all-reduce; NCCL's watchdog ends rank 0 at the 12 s timeout
+        return
+    fd = os.open(stderr_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    os.dup2(fd, 2)  # what rank 0 says before the watchdog ends it
+    module = nn.Linear(64, 64).cuda()
+    from gradsync.collectives import Communicator, Op
+
+    comm = Communicator(None, device=next(module.parameters()).device)
+    future = comm.all_reduce_async(Op.BUCKET_ALLREDUCE, module.weight.detach(), 0)
+    comm.wait(future, Op.BUCKET_ALLREDUCE, 0)
+    torch.cuda.synchronize()  # stuck here until the watchdog acts
+    time.sleep(30)
+
+
+@needs_two
+def test_a_stuck_nccl_collective_is_named_before_the_watchdog_ends_the_process(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    said = tmp_path / "rank0.stderr"
+    with contextlib.suppress(Exception):
+        spawn(_one_rank_never_arrives, 2, args=(str(said),), timeout=60, pg_timeout=12, backend="nccl")
+    text = said.read_text()
+    print(text[-2000:])
+    assert "gradsync: all-reduce of bucket 0 failed on rank 0: still running after" in text, text[-2000:]
