@@ -129,11 +129,15 @@ def recoveries(logs: list[str]) -> str:
     return "\n".join(line for log in logs for line in log.splitlines() if "gradsync elastic:" in line)
 
 
-def scenario(tmp_path: Path, fault: str, count: int = 1, epochs: int = EPOCHS) -> dict:
+def scenario(
+    tmp_path: Path, fault: str, count: int = 1, epochs: int = EPOCHS, env: dict[str, str] | None = None
+) -> dict:
+    """``env``: more of the training script's variables (HOOK, MONITOR: see tests/scripts/elastic_train.py)."""
     out = tmp_path / fault
     out.mkdir()
     with netlab.lab(hosts=HOSTS, rate="1gbit", prefix="gselastic") as lab:
-        procs = launch(lab, out, {"STEP_SLEEP": "0.05", "ELASTIC_TIMEOUT": "5", "EPOCHS": str(epochs)})
+        variables = {"STEP_SLEEP": "0.05", "ELASTIC_TIMEOUT": "5", "EPOCHS": str(epochs), **(env or {})}
+        procs = launch(lab, out, variables)
         try:
             return inject_and_finish(lab, procs, out, fault, count)
         finally:

@@ -6,6 +6,7 @@ restarted worker rejoins so that all three hosts end with identical parameters."
 from __future__ import annotations
 
 import sys
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -20,6 +21,7 @@ from bench.elastic_lab import (  # noqa: E402
     SAMPLES,
     admission_seconds,
     check_exactly_once,
+    events_of,
     finals,
     first_step_after,
     pid_of,
@@ -74,6 +76,38 @@ def test_survivors_continue_after_sigkill_and_the_worker_rejoins(tmp_path: Path)
     assert len({round(f["checksum"], 6) for f in ended if f["steps"] == max(g["steps"] for g in ended)}) == 1
     ref_loss = finals(reference["out"])[0]["loss"]
     assert all(abs(f["loss"] - ref_loss) <= 0.15 * ref_loss + 0.01 for f in ended)
+
+
+def _check_hook_and_monitor_ran_throughout(run: dict, hook: str) -> None:
+    """Every process that committed steps ran the hook in each of them (one bucket: one call per backward) and its
+    Monitor recorded each, across the kill and the rejoin; DiLoCo's members agree on its step count."""
+    committed = Counter(e["pid"] for e in events_of(run["out"]))
+    ended = finals(run["out"])
+    assert len(ended) == HOSTS
+    for final in ended:
+        assert final["monitor_steps"] >= committed[final["pid"]] > 0, final
+        if hook in ("counting", "bf16"):
+            assert final["hook_calls"] >= committed[final["pid"]], final
+    if hook == "diloco":
+        assert len({f["diloco_steps"] for f in ended}) == 1, ended
+
+
+@needs_lab
+@pytest.mark.timeout(420)
+def test_a_comm_hook_and_a_monitor_survive_a_kill_and_the_rejoin(tmp_path: Path) -> None:
+    run = scenario(tmp_path, "sigkill", env={"HOOK": "counting", "MONITOR": "1"})
+    check_exactly_once(run["out"], killed=1)
+    _check_hook_and_monitor_ran_throughout(run, "counting")
+
+
+@needs_lab
+@pytest.mark.lab
+@pytest.mark.timeout(420)
+@pytest.mark.parametrize("hook", ["bf16", "diloco"])
+def test_gradsyncs_hooks_survive_a_kill_and_the_rejoin(tmp_path: Path, hook: str) -> None:
+    run = scenario(tmp_path, "sigkill", env={"HOOK": hook, "MONITOR": "1"})
+    check_exactly_once(run["out"], killed=1)
+    _check_hook_and_monitor_ran_throughout(run, hook)
 
 
 @needs_lab

@@ -57,7 +57,6 @@ class DiLoCo:
         self.compression = compression
         self.step_count = 0
         self.bytes_sent = 0
-        self._comm: Communicator = ddp.communicator
         self._params = [p for p in ddp.module.parameters() if p.requires_grad]
         self._anchor = [torch.nn.Parameter(p.detach().clone()) for p in self._params]
         kind = dict(momentum=momentum, nesterov=nesterov and momentum > 0)
@@ -68,6 +67,30 @@ class DiLoCo:
     def local(self) -> bool:
         """True once warm-up is over and gradients stay on their rank."""
         return self.step_count >= self.warmup_steps
+
+    @property
+    def _comm(self) -> Communicator:
+        return self.ddp.communicator  # the model's current one: an elastic regroup replaces it
+
+    def state_dict(self) -> dict[str, Any]:
+        """What every rank holds alike: the step count, the anchor (the parameters of the last outer step) and the
+        outer optimizer's state. For checkpoints, and sent from rank 0 to every member after an elastic regroup."""
+        return {
+            "step_count": self.step_count,
+            "anchor": [a.detach().clone() for a in self._anchor],
+            "outer": self.outer.state_dict(),
+        }
+
+    @torch.no_grad()
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.step_count = state["step_count"]
+        for anchor, saved in zip(self._anchor, state["anchor"]):
+            anchor.copy_(saved)
+        self.outer.load_state_dict(state["outer"])
+
+    def for_new_group(self) -> None:
+        """A membership change keeps nothing per rank here: the anchor and the outer state are shared (rank 0's
+        arrive with :meth:`load_state_dict`), and each member trains on from rank 0's parameters."""
 
     def _hook(self, _state: Any, bucket: GradBucket) -> torch.futures.Future:
         return allreduce_unless_local(self.local, self.ddp.process_group, bucket)

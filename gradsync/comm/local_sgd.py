@@ -44,6 +44,16 @@ class PostLocalSGD:
         """True once warm-up is over and gradients stay on their rank."""
         return self.step_count >= self.warmup_steps
 
+    def state_dict(self) -> dict[str, Any]:
+        """The step count, which every rank holds alike (for checkpoints and elastic regroups)."""
+        return {"step_count": self.step_count}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.step_count = state["step_count"]
+
+    def for_new_group(self) -> None:
+        """A membership change keeps nothing per rank here (the step count arrives with :meth:`load_state_dict`)."""
+
     def _hook(self, _state: Any, bucket: GradBucket) -> torch.futures.Future:
         return allreduce_unless_local(self.local, self.ddp.process_group, bucket)
 

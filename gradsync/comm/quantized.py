@@ -61,6 +61,15 @@ class QuantizedState:
     def levels(self) -> int:
         return 2 ** (self.bits - 1) - 1  # 127 or 7: symmetric around zero
 
+    def for_new_group(self) -> None:
+        """A membership change (:mod:`gradsync.comm.regroup`): the new default group, and no memory of the old one.
+        The residuals were sized for the old buckets and world size, and a joining worker has none."""
+        self.process_group = None
+        self.comm = Communicator(None)
+        self._residuals.clear()
+        self._owner_residuals.clear()
+        self._pending.clear()
+
 
 @dataclasses.dataclass
 class _Pending:

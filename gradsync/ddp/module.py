@@ -21,6 +21,7 @@ from torch.distributed.algorithms.join import Join, Joinable, JoinHook
 from gradsync import settings
 from gradsync.collectives.communicator import Communicator, Op
 from gradsync.collectives.tensors import broadcast_tensors
+from gradsync.comm import regroup
 from gradsync.ddp import compiled
 from gradsync.ddp.arguments import (
     Config,
@@ -121,6 +122,7 @@ class DistributedDataParallel(nn.Module, Joinable):
         self.bucket_bytes_cap, self.bucket_bytes_cap_list = bucket_bytes_caps(bucket_cap_mb, bucket_cap_mb_list)
         self._bucket_caps_asked = (bucket_cap_mb, bucket_cap_mb_list)  # None: tuned; else the layout is fixed
         self._join_divides_by_initial_world_size = True
+        self._hook: tuple[Any, CommHook] | None = None  # (state, hook) as registered: carried across a regroup
         self._build_runtime()
         verify_same_model(self._comm, module, self._config.ignored, self._collective_settings())
         if init_sync:
@@ -163,6 +165,7 @@ class DistributedDataParallel(nn.Module, Joinable):
             skip_unused=config.skip_unused,
         )
         self._comm_hook_registered = False
+        self._recorder_attached = False
         self._graph_split = compiled.GraphSplit(self.reducer.steady_bucket_cap)
         self._unsplit_checked = False
 
@@ -170,13 +173,33 @@ class DistributedDataParallel(nn.Module, Joinable):
         """After the default process group was replaced (gradsync.elastic forms one per membership round): a new
         reducer and communicator for it, the model checked across the new members, and rank 0's parameters and
         buffers everywhere. Issues the same collectives as the constructor, so a newly started member that builds
-        its model meets the others doing this. A registered comm hook must be registered again."""
+        its model meets the others doing this. A registered comm hook stays registered (its state's memory of the
+        old group dropped: :mod:`gradsync.comm.regroup`), and an attached Monitor keeps recording."""
         if self._process_group is not None:
             raise ConfigError("rebuild_for_new_group works with the default process group (process_group=None)")
+        hook, recorder = self._hook, self._recorder if self._recorder_attached else None
         self.reducer.close()
         self._build_runtime()
         verify_same_model(self._comm, self.module, self._config.ignored, self._collective_settings())
         broadcast_initial_state(self._comm, self.module, True, self._config.ignored)
+        if hook is not None:  # its per-rank memory dropped; the shared part arrives with the elastic state
+            state, function = hook
+            self._hook = (regroup.for_new_group(state, function), function)
+            self.reducer.set_comm_hook(*self._hook)
+            self._comm_hook_registered = True
+        if recorder is not None:  # a Monitor keeps recording across the change
+            self.attach_recorder(recorder)
+
+    def shared_hook_state(self) -> dict[str, Any] | None:
+        """What every member must hold alike of the registered comm hook's state (PowerSGD's iteration and
+        generator, DiLoCo's anchor and outer optimizer, ...), for gradsync.elastic to send rank 0's to the members
+        of a new round; None without a hook or when it keeps nothing of the kind (:mod:`gradsync.comm.regroup`)."""
+        return None if self._hook is None else regroup.shared_state(*self._hook)
+
+    def load_shared_hook_state(self, shared: dict[str, Any] | None) -> None:
+        """Take rank 0's :meth:`shared_hook_state` (every member of a new elastic round does)."""
+        if self._hook is not None:
+            regroup.load_shared_state(*self._hook, shared)
 
     def __getstate__(self) -> dict[str, Any]:
         if self._process_group is not None:
@@ -185,12 +208,13 @@ class DistributedDataParallel(nn.Module, Joinable):
                 "torch): the copy rebuilds itself on the default group. Wrap with process_group=None."
             )
         state = dict(self.__dict__)
-        for name in ("reducer", "_comm", "_buffer_sync", "_recorder", "_params", "_progress", "_graph_split"):
+        for name in ("reducer", "_comm", "_buffer_sync", "_recorder", "_params", "_progress", "_graph_split", "_hook"):
             state.pop(name, None)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         super().__setstate__(state)
+        self._hook = None  # as torch's copy: the hook lived on the reducer, which is not copied
         self._build_runtime()
 
     @staticmethod
@@ -422,14 +446,15 @@ class DistributedDataParallel(nn.Module, Joinable):
             raise ConfigError("register_comm_hook: register the hook before the first backward pass.")
         self.reducer.set_comm_hook(state, hook)
         self._comm_hook_registered = True
+        self._hook = (state, hook)
 
     def attach_recorder(self, recorder: Recorder) -> None:
         """Report this model's step events to ``recorder`` (what :class:`gradsync.observe.Monitor` does)."""
-        self._recorder = recorder
+        self._recorder, self._recorder_attached = recorder, True
         self.reducer.attach_recorder(recorder)
 
     def detach_recorder(self) -> None:
-        self._recorder = Recorder()
+        self._recorder, self._recorder_attached = Recorder(), False
         self.reducer.detach_recorder()
 
     # ---------------------------------------------------------------------------------------------- state

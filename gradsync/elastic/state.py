@@ -139,6 +139,7 @@ class State:
             "steps": self.steps,
             "counters": self.counters,
             "rng": rng_state(),
+            "hook": self.model.shared_hook_state(),  # e.g. PowerSGD's generator, DiLoCo's anchor
         }
         state = Communicator().broadcast_object(Op.ELASTIC_STATE, mine)
         if self._sharded:
@@ -147,6 +148,7 @@ class State:
             self.optimizer.load_state_dict(state["optimizer"])
         self.loader.load_state_dict(state["loader"])
         self.steps, self.counters = state["steps"], dict(state["counters"])
+        self.model.load_shared_hook_state(state["hook"])
         set_rng_state(state["rng"])
         for p in self.model.parameters():
             p.grad = None  # the half-done step's gradients are dropped

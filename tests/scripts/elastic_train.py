@@ -35,6 +35,19 @@ ddp = gradsync.DistributedDataParallel(model, bucket_cap_mb=25)
 opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
 loader = elastic.ElasticLoader(data, batch_size=4, seed=1)
 events = open(out / f"{pid}.events", "a")
+# HOOK=counting|bf16 registers a comm hook that counts its calls, HOOK=diloco attaches DiLoCo; MONITOR=1 a Monitor:
+# each must survive every regroup, on the survivors and on the worker that joins.
+hook_calls = [0]
+diloco = gradsync.comm.DiLoCo(ddp, period=4) if os.environ.get("HOOK") == "diloco" else None
+if os.environ.get("HOOK") in ("counting", "bf16"):
+    reduce = gradsync.comm.allreduce_hook if os.environ["HOOK"] == "counting" else gradsync.comm.bf16_compress_hook
+
+    def counting_hook(state, bucket):
+        hook_calls[0] += 1
+        return reduce(state, bucket)
+
+    ddp.register_comm_hook(None, counting_hook)
+monitor = gradsync.observe.Monitor(ddp, opt) if os.environ.get("MONITOR") else None
 
 
 @elastic.run
@@ -49,6 +62,8 @@ def train(state):
             rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
             try:
                 state.step()
+                if diloco is not None:
+                    diloco.step()
             finally:  # a step can be committed and then raise (to admit a joiner): it still counts
                 if state.steps > before:
                     record = {"epoch": epoch, "position": position, "indices": indices, "t": time.time()}
@@ -63,5 +78,7 @@ with torch.no_grad():
     loss = nn.functional.mse_loss(model(data.tensors[0]), data.tensors[1]).item()
 checksum = sum(float(p.detach().double().sum()) * (i + 1) for i, p in enumerate(model.parameters()))
 final = {"checksum": checksum, "loss": loss, "recoveries": [r.__dict__ for r in state.recoveries], "steps": state.steps}
+final |= {"hook_calls": hook_calls[0], "monitor_steps": len(monitor.steps) if monitor else 0, "pid": pid}
+final |= {"diloco_steps": diloco.step_count if diloco else 0}
 (out / f"{pid}.final").write_text(json.dumps(final))
 job.stop()
