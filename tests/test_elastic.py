@@ -119,6 +119,15 @@ def test_survivors_continue_when_a_worker_goes_silent(tmp_path: Path, fault: str
     out, (_victim, _pid, when) = run["out"], run["faults"][0]
     assert first_step_after(out, when, run["survivors"]) < 5.0 + 3.0, recoveries(run["logs"])  # heartbeat + 3 s
     check_exactly_once(out)
+    # The worker that comes back is admitted at the first step boundary after it asks: no round forms without it.
+    futile = [
+        r
+        for f in finals(out)
+        for r in f["recoveries"]
+        if "admitting a worker" in r["reason"] and r["world_after"] <= r["world_before"]
+    ]
+    assert not futile, recoveries(run["logs"])
+    assert len(finals(out)) == HOSTS
 
 
 @needs_lab
@@ -128,3 +137,28 @@ def test_five_failures_in_one_run(tmp_path: Path) -> None:
     run = scenario(tmp_path, "sigkill", count=5, epochs=10)
     check_exactly_once(run["out"], epochs=10, killed=5)
     assert len(finals(run["out"])) == HOSTS
+
+
+def test_a_member_watched_again_gets_a_fresh_timeout_but_an_exit_stays_final() -> None:
+    """A worker stopped past the timeout is dropped, then asks to join: the leader must not judge it by the
+    heartbeat count it saw before the stop (each round would then form without it). An exit its launcher
+    reported is final."""
+    import time
+
+    import torch.distributed as dist
+
+    from gradsync.elastic.liveness import HEARTBEAT_S, PREFIX, Liveness, mark_exited
+
+    store = dist.HashStore()
+    store.add(f"{PREFIX}beat/2", 1)
+    mark_exited(store, 3)
+    liveness = Liveness(store, me=1, timeout=3 * HEARTBEAT_S)
+    try:
+        assert liveness.alive(2) and liveness.alive(3)  # not watched before: watched from now
+        time.sleep(6 * HEARTBEAT_S)  # member 2's count stands still (stopped); member 3's launcher saw it exit
+        assert not liveness.alive(2) and not liveness.alive(3)
+        liveness.watch_only([1])  # the round formed without them
+        assert liveness.alive(2), "a worker asking to join again was judged by its count from before it stopped"
+        assert not liveness.alive(3)
+    finally:
+        liveness.stop()

@@ -64,6 +64,11 @@ class Liveness:
             return True
         if member not in self._watched:
             self._watched.append(member)
+            # Watched again (a joiner asks to be admitted after it was dropped): its timeout starts now. The count
+            # last seen, from before it was dropped, would declare it dead until a heartbeat poll happened to land
+            # here, and every round meanwhile would form without it. An exit its launcher reported stays final.
+            if self._seen.get(member, (0, 0.0))[0] != _EXITED:
+                self._seen.pop(member, None)
         last = self._seen.get(member)
         return last is None or time.monotonic() - last[1] <= self.timeout
 
