@@ -190,10 +190,12 @@ def wait_after(out: Path, when: float, pids: list[int], timeout: float = 30) -> 
         time.sleep(0.05)
 
 
-def measure(tmp: Path) -> dict[str, float]:
-    """One SIGKILL of h1's worker, mid-epoch; the figures the module docstring lists."""
+def measure(tmp: Path, detected_by: str = "agreement") -> dict[str, float]:
+    """One SIGKILL of h1's worker, mid-epoch; the figures the module docstring lists. ``detected_by``: where the
+    step's time is spent, so where the kill lands: "agreement" (after backward: the step's agreement finds the
+    death) or "allreduce" (before it: the survivors' all-reduce fails)."""
     started = time.time()
-    run = scenario(tmp, "sigkill")
+    run = scenario(tmp, "sigkill", env={"SLEEP_AT": "forward"} if detected_by == "allreduce" else {})
     out, (_victim, pid, when) = run["out"], run["faults"][0]
     events = sorted(events_of(out), key=lambda e: e["t"])
     survivor_times = [e["t"] for e in events if e["pid"] == run["survivors"][0]]
@@ -211,11 +213,17 @@ def measure(tmp: Path) -> dict[str, float]:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.elastic_lab", description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument(
+        "--detected-by",
+        choices=("agreement", "allreduce"),
+        default="agreement",
+        help="where the kill lands: after backward (the agreement finds it) or before (an all-reduce fails)",
+    )
     args = parser.parse_args(argv)
     if netlab.available() is not None:
         print(f"skipped: {netlab.available()}")
         return 1
-    rows = [measure(Path(tempfile.mkdtemp(prefix="gselastic"))) for _ in range(args.runs)]
+    rows = [measure(Path(tempfile.mkdtemp(prefix="gselastic")), args.detected_by) for _ in range(args.runs)]
     for key in rows[0]:
         values = [r[key] for r in rows]
         print(f"{key:28s} median {statistics.median(values):6.2f}   runs {', '.join(f'{v:.2f}' for v in values)}")

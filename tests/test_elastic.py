@@ -152,11 +152,14 @@ def test_a_member_watched_again_gets_a_fresh_timeout_but_an_exit_stays_final() -
     store = dist.HashStore()
     store.add(f"{PREFIX}beat/2", 1)
     mark_exited(store, 3)
-    liveness = Liveness(store, me=1, timeout=3 * HEARTBEAT_S)
+    told: list[tuple[int, str]] = []
+    liveness = Liveness(store, me=1, timeout=3 * HEARTBEAT_S, on_gone=lambda m, why: told.append((m, why)))
     try:
         assert liveness.alive(2) and liveness.alive(3)  # not watched before: watched from now
         time.sleep(6 * HEARTBEAT_S)  # member 2's count stands still (stopped); member 3's launcher saw it exit
         assert not liveness.alive(2) and not liveness.alive(3)
+        # each told once, so the members can post it for the rank that will never post its own report
+        assert sorted(told) == [(2, "stopped (no heartbeat for 1s)"), (3, "exited (its launcher saw it)")], told
         liveness.watch_only([1])  # the round formed without them
         assert liveness.alive(2), "a worker asking to join again was judged by its count from before it stopped"
         assert not liveness.alive(3)

@@ -14,6 +14,7 @@ import torch.distributed as dist
 
 _PREFIX = "gradsync/error/"
 _STEP_PREFIX = "gradsync/step/"
+_GONE = "gone: "  # a report posted on a dead rank's behalf (it posts none): the cause is known, wait no longer
 
 
 def _store() -> dist.Store | None:
@@ -26,12 +27,23 @@ def _store() -> dist.Store | None:
 def post_error(message: str) -> None:
     """Record ``message`` as this rank's failure; never raises (it runs while an error is already in flight)."""
     store = _store()
-    if store is None:
-        return
+    if store is not None:
+        post_error_for(store, dist.get_rank(), message)
+
+
+def post_error_for(store: dist.Store, rank: int, message: str) -> None:
+    """Record ``message`` as the failure of ``rank`` in the group whose store is ``store``. Never raises."""
     try:
-        store.set(f"{_PREFIX}{dist.get_rank()}", message)
+        store.set(f"{_PREFIX}{rank}", message)
     except Exception:
         pass
+
+
+def post_gone(store: dist.Store, rank: int, why: str) -> None:
+    """Record that ``rank`` is gone (``why``: its process exited, its heartbeat stopped), on its behalf: a dead rank
+    posts no report, and a peer whose collective failed would wait for one. Once such a report is in, the failure
+    has its cause and no one waits for the other reports (gradsync.elastic's members post these)."""
+    post_error_for(store, rank, _GONE + why)
 
 
 def post_step(step: int) -> None:
@@ -86,12 +98,12 @@ def describe_peer_errors(grace: float = 0.0, collective: str | None = None, step
     a silent peer that posted another one stopped short or ran ahead."""
     deadline = time.monotonic() + grace
     errors = peer_errors()
-    while errors is not None and len(errors) < dist.get_world_size() - 1 and time.monotonic() < deadline:
-        time.sleep(0.1)
+    while errors is not None and _still_waiting(errors) and time.monotonic() < deadline:
+        time.sleep(0.05)
         errors = peer_errors()
     if errors is None:
         return "\n  (the other ranks' reports are unreachable: the store lives with rank 0)"
-    text = "".join(f"\n  rank {rank} reported: {msg}" for rank, msg in sorted(errors.items()))
+    text = "".join(_report_line(rank, msg) for rank, msg in sorted(errors.items()))
     elsewhere = sorted(r for r, msg in errors.items() if collective and not msg.startswith(collective + " failed"))
     if elsewhere and "failed on rank" in " ".join(errors[r] for r in elsewhere):
         text += (
@@ -99,6 +111,8 @@ def describe_peer_errors(grace: float = 0.0, collective: str | None = None, step
             "skipped or added a forward or backward, or took a data-dependent no_sync). Rerun with "
             "GRADSYNC_DEBUG=1 to name the first collective where they part."
         )
+    if any(msg.startswith(_GONE) for msg in errors.values()):
+        return text  # the cause is known: a rank is gone; the others' silence says nothing more
     silent = [r for r in range(dist.get_world_size()) if r != dist.get_rank() and r not in errors]
     if grace and silent:
         text += (
@@ -114,3 +128,14 @@ def describe_peer_errors(grace: float = 0.0, collective: str | None = None, step
             "skipped on some ranks, or fewer batches there)."
         )
     return text
+
+
+def _still_waiting(errors: dict[int, str]) -> bool:
+    """Whether a report may still come that says more: not every peer reported, and none is known gone."""
+    return len(errors) < dist.get_world_size() - 1 and not any(msg.startswith(_GONE) for msg in errors.values())
+
+
+def _report_line(rank: int, message: str) -> str:
+    if message.startswith(_GONE):
+        return f"\n  rank {rank} is gone: {message[len(_GONE) :]}"
+    return f"\n  rank {rank} reported: {message}"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 
 import torch.distributed as dist
 
@@ -23,13 +24,20 @@ def mark_exited(store: dist.Store, member: int) -> None:
 
 
 class Liveness:
-    """Beats for ``me`` and watches the members it is asked about, until :meth:`stop`."""
+    """Beats for ``me`` and watches the members it is asked about, until :meth:`stop`.
 
-    def __init__(self, store: dist.Store, me: int, timeout: float) -> None:
+    ``on_gone(member, why)`` is called from the heartbeat thread, once per watched member, when it is first seen
+    gone (its exit reported, or its heartbeat stale), so that the members can be told at once."""
+
+    def __init__(
+        self, store: dist.Store, me: int, timeout: float, on_gone: Callable[[int, str], None] | None = None
+    ) -> None:
         self.me = me
         self.timeout = timeout
+        self._on_gone = on_gone
         self._seen: dict[int, tuple[int, float]] = {}  # member -> (last counter, when it last moved)
         self._watched: list[int] = []
+        self._told: set[int] = set()  # members on_gone was called for
         self._stop = threading.Event()
         self._beat = threading.Thread(target=self._heartbeat, args=(store,), name="gradsync-heartbeat")
         self._beat.daemon = True
@@ -44,8 +52,14 @@ class Liveness:
                     self._observe(member, int(store.add(f"{PREFIX}beat/{member}", 0)))
                     if store.check([f"{PREFIX}exited/{member}"]):  # its launcher saw it exit: no need to wait
                         self._seen[member] = (_EXITED, float("-inf"))
+                    self._tell_if_gone(member)
             except Exception:  # the store is out of reach (a link down): beat again once it is back
                 continue
+
+    def _tell_if_gone(self, member: int) -> None:
+        if self._on_gone is not None and member not in self._told and not self.alive(member):
+            self._told.add(member)
+            self._on_gone(member, self.why_dead(member))
 
     def _observe(self, member: int, count: int) -> None:
         last = self._seen.get(member)
@@ -57,6 +71,7 @@ class Liveness:
         self._watched = [m for m in members if m != self.me]
         for member in self._watched:
             self._seen.pop(member, None)
+        self._told.clear()
 
     def alive(self, member: int) -> bool:
         """Whether ``member``'s heartbeat moved within ``timeout``; a member not yet watched is watched from now."""
@@ -69,6 +84,7 @@ class Liveness:
             # here, and every round meanwhile would form without it. An exit its launcher reported stays final.
             if self._seen.get(member, (0, 0.0))[0] != _EXITED:
                 self._seen.pop(member, None)
+                self._told.discard(member)
         last = self._seen.get(member)
         return last is None or time.monotonic() - last[1] <= self.timeout
 

@@ -24,6 +24,7 @@ from typing import NoReturn
 
 import torch.distributed as dist
 
+from gradsync.collectives.peer_errors import post_gone
 from gradsync.elastic.liveness import PREFIX, Liveness, mark_exited
 from gradsync.errors import GradsyncError
 
@@ -75,7 +76,8 @@ class Membership:
         self.round: Round | None = None
         self.joined_late = False  # admitted into a running job: it receives the members' state first
         self._tried = 0  # the last round number this worker registered for
-        self.liveness = Liveness(beat_store, self.me, timeout)
+        self._group_store: tuple[Round, dist.Store] | None = None  # the current round's group store, as torch has it
+        self.liveness = Liveness(beat_store, self.me, timeout, on_gone=self._tell_members)
 
     @classmethod
     def connect(cls, timeout: float) -> Membership:
@@ -234,6 +236,18 @@ class Membership:
             # reset it too, or this worker's keys never match the others' again.
             dist.distributed_c10d._world.group_count = 0
             raise MembershipChanged(f"forming round {round_.number}'s group failed: {exc}") from exc
+        self._group_store = (round_, dist.distributed_c10d._get_default_store())
+
+    def _tell_members(self, member: int, why: str) -> None:
+        """From the heartbeat thread: a member of this round is gone. Post it as that rank's report in the round's
+        group, where a member whose collective just failed waits a moment for the peers' reports: a dead rank never
+        posts one, and the survivors would wait for it (2 s) on every SIGKILL."""
+        known = self._group_store
+        if known is None or member not in known[0].members:
+            return
+        round_, store = known
+        rank = round_.members.index(member)
+        post_gone(store, rank, f"worker {member} (rank {rank} of round {round_.number}) {why}")
 
     # --------------------------------------------------------------------------------------- agreement
     def agree(self, label: str) -> str:

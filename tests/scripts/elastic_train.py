@@ -56,8 +56,13 @@ def train(state):
         state.loader.set_epoch(epoch)
         for xb, yb in state.loader:
             state.optimizer.zero_grad()
-            nn.functional.mse_loss(state.model(xb), yb).backward()
-            time.sleep(float(os.environ.get("STEP_SLEEP", "0")))
+            # SLEEP_AT=forward: the step's time is spent before backward, so a kill lands there and the survivors
+            # learn of it from a failed all-reduce; by default after it, where the step's agreement learns of it.
+            before_backward = os.environ.get("SLEEP_AT") == "forward"
+            loss = nn.functional.mse_loss(state.model(xb), yb)
+            time.sleep(float(os.environ.get("STEP_SLEEP", "0")) if before_backward else 0)
+            loss.backward()
+            time.sleep(0 if before_backward else float(os.environ.get("STEP_SLEEP", "0")))
             indices, before, position = list(state.loader.last_indices), state.steps, state.loader.position
             rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
             try:
