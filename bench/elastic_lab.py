@@ -147,6 +147,34 @@ def scenario(
                     os.kill(pid, signal.SIGKILL)
 
 
+def store_host_lost(tmp_path: Path, wait: float = 60.0) -> dict:
+    """The host serving the job's store lost: h0's launcher (which serves it) and its worker SIGKILLed mid-epoch.
+    Returns, for the other two launchers, how long each took to end after the kill, its exit code and its output."""
+    out = tmp_path / "store_host"
+    out.mkdir()
+    with netlab.lab(hosts=HOSTS, rate="1gbit", prefix="gselastic") as lab:
+        procs = launch(lab, out, {"STEP_SLEEP": "0.05", "ELASTIC_TIMEOUT": "5", "EPOCHS": str(EPOCHS)})
+        try:
+            wait_steps(out, 15)
+            worker = pid_of(out, "h0")
+            when = time.monotonic()
+            os.kill(procs[0].pid, signal.SIGKILL)
+            os.kill(worker, signal.SIGKILL)
+            ended = {}
+            for host, p in zip(("h1", "h2"), procs[1:]):
+                try:
+                    output = p.communicate(timeout=max(1.0, wait - (time.monotonic() - when)))[0]
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    output = p.communicate()[0] + "\n(killed by the lab: still running)"
+                ended[host] = {"seconds": time.monotonic() - when, "code": p.returncode, "output": output}
+            return ended
+        finally:
+            for pid in [p.pid for p in procs] + [int(f.stem) for f in out.glob("*.pid")]:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+
+
 def inject_and_finish(lab: list, procs: list[subprocess.Popen], out: Path, fault: str, count: int) -> dict:
     wait_steps(out, 15)
     survivors = [pid_of(out, "h0"), pid_of(out, "h2")]

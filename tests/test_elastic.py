@@ -27,6 +27,7 @@ from bench.elastic_lab import (  # noqa: E402
     pid_of,
     recoveries,
     scenario,
+    store_host_lost,
     unrecorded_shares,
 )
 
@@ -165,3 +166,44 @@ def test_a_member_watched_again_gets_a_fresh_timeout_but_an_exit_stays_final() -
         assert not liveness.alive(3)
     finally:
         liveness.stop()
+
+
+@needs_lab
+@pytest.mark.timeout(180)
+def test_losing_the_stores_host_ends_the_job_within_seconds_with_one_line(tmp_path: Path) -> None:
+    """The job's store lives with the rendezvous host's launcher; when that host is lost the other launchers must
+    not restart their workers against a store that is gone (each restart blocked ~60 s connecting, for minutes)."""
+    ended = store_host_lost(tmp_path)
+    for host, result in ended.items():
+        lines = [line for line in result["output"].splitlines() if "the job's store at" in line]
+        assert result["seconds"] < 15 and result["code"] == 1, (host, result["seconds"], result["output"][-3000:])
+        assert len(lines) == 1 and "is lost" in lines[0] and "restart the job from its last checkpoint" in lines[0]
+
+
+def test_a_launcher_tells_a_store_that_is_gone_from_one_out_of_reach(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A closed connection means the process serving the store ended: lost at once. Timeouts (this host's link
+    down) may pass: lost only after GRADSYNC_ELASTIC_STORE_LOST_SECONDS. The launcher serving it never loses it."""
+    import time
+
+    from gradsync.runtime.elastic_launch import Job
+
+    class Failing:
+        def __init__(self, message: str) -> None:
+            self.message = message
+
+        def check(self, keys: list[str]) -> bool:
+            raise RuntimeError(self.message)
+
+    monkeypatch.setenv("GRADSYNC_ELASTIC_STORE_LOST_SECONDS", "0.3")
+    closed = Job(Failing("Failed to recv, got 0 bytes. Connection was likely closed."), "h:1", hosting=False)  # type: ignore[arg-type]
+    closed.look()
+    assert closed.lost is not None and "connection was closed" in closed.lost
+    slow = Job(Failing("Socket Timeout"), "h:1", hosting=False)  # type: ignore[arg-type]
+    slow.look()
+    assert slow.lost is None
+    time.sleep(0.4)
+    slow.look(again=True)
+    assert slow.lost is not None and "unreachable for 0s" in slow.lost
+    serving = Job(Failing("Broken pipe"), "h:1", hosting=True)  # type: ignore[arg-type]
+    serving.look()
+    assert serving.lost is None

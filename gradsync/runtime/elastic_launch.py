@@ -7,7 +7,9 @@ others at their next step boundary (gradsync/elastic).
 
 The node whose ``--local-addr`` is the rendezvous endpoint's host (or the only node) hosts the job's store, in this
 launcher process: the workers coordinate through it, so it outlives any of them. If that node is lost, the job
-cannot coordinate and ends; restart it from a checkpoint.
+cannot coordinate and ends: every other launcher sees its connection closed (or the store unreachable for
+``GRADSYNC_ELASTIC_STORE_LOST_SECONDS``), stops its workers instead of restarting them against a store that is
+gone, says so in one line, and exits. Restart the job from a checkpoint.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from typing import Any
 import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std, start_processes
 
+from gradsync import settings
 from gradsync.elastic.membership import (
     STORE_VARIABLE,
     WORKER_VARIABLE,
@@ -99,13 +102,17 @@ def run_elastic(args: Any, cmd: str, cmd_args: list[str]) -> int:
     client = store or dist.TCPStore(host, port, is_master=False, timeout=datetime.timedelta(seconds=5))
     for w in workers:
         _start(w, cmd, tuple(cmd_args), base, args.log_dir)
-    job = Job(client)
+    job = Job(client, f"{host}:{port}", hosting=store is not None)
     while not all(w.done for w in workers):
         time.sleep(0.2)
         job.look()
+        if job.lost:
+            return _stop_without_store(workers, job)
         for w in workers:
             if not w.done:
                 _poll(w, cmd, tuple(cmd_args), base, args, job)
+    if job.lost:  # found when the last worker here exited
+        return _stop_without_store(workers, job)
     if store is not None:
         _wait_for_everyone(store)  # the other hosts' workers may still read their last keys
     job.look(again=True)
@@ -120,6 +127,22 @@ def run_elastic(args: Any, cmd: str, cmd_args: list[str]) -> int:
     return 1 if failed else 0
 
 
+def _stop_without_store(workers: list[Worker], job: Job) -> int:
+    """The job's store is gone with its host: no worker here can coordinate, and a restarted one would block
+    connecting to it. Stop them all and say so once."""
+    for w in workers:
+        if not w.done and w.context is not None:
+            w.context.close()
+    print(
+        f"gradsync run --elastic: the job's store at {job.where} (served by the launcher on the rendezvous host) is "
+        f"lost, {job.lost}; without it the workers cannot coordinate. Stopped this node's workers; restart the job "
+        "from its last checkpoint.",
+        file=sys.stderr,
+        flush=True,
+    )
+    return 1
+
+
 def _wait_for_everyone(store: dist.TCPStore, seconds: float = 60.0) -> None:
     """Keep the job's store up until every member of the last round reported its training finished."""
     deadline = time.monotonic() + seconds
@@ -130,23 +153,46 @@ def _wait_for_everyone(store: dist.TCPStore, seconds: float = 60.0) -> None:
         time.sleep(0.2)
 
 
+# How a TCPStore client fails once the server's process is gone (the connection closed or reset). A link that is
+# down fails with timeouts instead, and may come back.
+_SERVER_GONE = ("connection was likely closed", "broken pipe", "connection reset", "connection refused")
+
+
 class Job:
     """What this launcher knows of the job through its store: whether the members finished (then a worker that
-    exits is not restarted), looked up about once a second and remembered (the store closes after the end)."""
+    exits is not restarted), looked up about once a second and remembered (the store closes after the end), and
+    whether the store itself is lost (``lost``: why, or None)."""
 
-    def __init__(self, store: dist.Store) -> None:
+    def __init__(self, store: dist.Store, where: str, hosting: bool) -> None:
         self.store = store
+        self.where = where
         self.done = False
+        self.lost: str | None = None
+        self._hosting = hosting  # this launcher serves the store: it cannot lose it
         self._looked = 0.0
+        self._failing_since: float | None = None
+        self._unreachable_s = settings.read_seconds("GRADSYNC_ELASTIC_STORE_LOST_SECONDS", 60.0)
 
     def look(self, again: bool = False) -> None:
-        if self.done or (time.monotonic() - self._looked < 1.0 and not again):
+        if self.done or self.lost or (time.monotonic() - self._looked < 1.0 and not again):
             return
         self._looked = time.monotonic()
         try:
             self.done = job_done(self.store)
-        except Exception:  # unreachable for now (a link down): ask again later
-            pass
+            self._failing_since = None
+        except Exception as exc:  # the store's host is gone, or out of reach for now (a link down)
+            self._judge_failure(exc)
+
+    def _judge_failure(self, exc: Exception) -> None:
+        if self._hosting:
+            return
+        now = time.monotonic()
+        self._failing_since = self._failing_since or now
+        text = str(exc).lower()
+        if any(sign in text for sign in _SERVER_GONE):
+            self.lost = "its connection was closed (the process serving it ended)"
+        elif now - self._failing_since >= self._unreachable_s:
+            self.lost = f"unreachable for {self._unreachable_s:.0f}s (GRADSYNC_ELASTIC_STORE_LOST_SECONDS)"
 
     def report_exit(self, worker: Worker) -> None:
         try:
@@ -165,7 +211,7 @@ def _poll(worker: Worker, cmd: str, cmd_args: tuple, env: dict[str, str], args: 
     if code != 0:
         job.report_exit(worker)
     worker.context.close()
-    if code == 0 or job.done or worker.restarts >= args.max_restarts:
+    if code == 0 or job.done or job.lost or worker.restarts >= args.max_restarts:
         worker.done = True
         return
     worker.restarts += 1
