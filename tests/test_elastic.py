@@ -148,10 +148,11 @@ def test_a_member_watched_again_gets_a_fresh_timeout_but_an_exit_stays_final() -
 
     import torch.distributed as dist
 
-    from gradsync.elastic.liveness import HEARTBEAT_S, PREFIX, Liveness, mark_exited
+    from gradsync.elastic import keys
+    from gradsync.elastic.liveness import HEARTBEAT_S, Liveness, mark_exited
 
     store = dist.HashStore()
-    store.add(f"{PREFIX}beat/2", 1)
+    store.add(keys.beat(2), 1)
     mark_exited(store, 3)
     told: list[tuple[int, str]] = []
     liveness = Liveness(store, me=1, timeout=3 * HEARTBEAT_S, on_gone=lambda m, why: told.append((m, why)))

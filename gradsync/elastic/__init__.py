@@ -34,26 +34,37 @@ import logging
 import os
 
 from gradsync.elastic.loader import ElasticLoader
-from gradsync.elastic.membership import JobFinished, Membership, MembershipChanged
+from gradsync.elastic.membership import JobFinished, Membership, MembershipChanged, Timeouts
 from gradsync.elastic.state import MAX_FUTILE_RECOVERIES, REJOIN_VARIABLE, Recovery, State, run
 from gradsync.errors import GradsyncError
 
-__all__ = ["ElasticLoader", "Membership", "MembershipChanged", "Recovery", "State", "init", "run"]
+__all__ = ["ElasticLoader", "Membership", "MembershipChanged", "Recovery", "State", "Timeouts", "init", "run"]
 
 
-def init(timeout: float = 10.0) -> Membership:
+def init(
+    timeout: float = 10.0, collective_timeout: float | None = None, admission_timeout: float = 600.0
+) -> Membership:
     """Join the elastic job started by ``gradsync run --elastic``: form the first round with the other workers, or,
     for a worker (re)started into a running job, wait to be admitted at the next step boundary. Afterwards the
-    default process group is this round's. ``timeout``: seconds without a heartbeat (or in a collective) after which
-    a member counts as lost."""
-    job = Membership.connect(timeout)
+    default process group is this round's.
+
+    Three timeouts, in seconds, each with its own meaning (and a ``GRADSYNC_ELASTIC_*_TIMEOUT`` override):
+    ``timeout``, a member whose heartbeat has not moved for this long counts as lost (HEARTBEAT); the round's
+    process group's timeout, after which a collective with a stopped member fails (COLLECTIVE; default:
+    ``timeout``); how long a worker asking to join waits to be admitted (ADMISSION).
+
+    If the job finished before this worker could join, the returned job says so (``finished_without_me``), and
+    ``elastic.run`` returns None at once: nothing is left to do.
+    """
+    job = Membership.connect(Timeouts.read(timeout, collective_timeout, admission_timeout))
     if os.environ.get(REJOIN_VARIABLE) == "1" or job.job_running():
         _import_before_joining()
         job.request_to_join()
         try:
             round_ = job.next_round()
         except JobFinished as done:
-            done.leave(job)
+            job.finish_without_me(done)
+            return job
     else:
         round_ = job.first_round(int(os.environ.get("WORLD_SIZE", "1")))
     for _ in range(MAX_FUTILE_RECOVERIES):

@@ -14,13 +14,14 @@ from collections.abc import Callable
 
 import torch.distributed as dist
 
-PREFIX = "gradsync/elastic/"  # every elastic key in the job's store
+from gradsync.elastic import keys
+
 HEARTBEAT_S = 0.25
 _EXITED = -1  # the counter recorded for a member its launcher saw exit
 
 
 def mark_exited(store: dist.Store, member: int) -> None:
-    store.set(f"{PREFIX}exited/{member}", "1")
+    store.set(keys.exited(member), "1")
 
 
 class Liveness:
@@ -47,10 +48,10 @@ class Liveness:
         """Bump this worker's counter and read the watched members' counters, every ``HEARTBEAT_S``."""
         while not self._stop.wait(HEARTBEAT_S):
             try:
-                store.add(f"{PREFIX}beat/{self.me}", 1)
+                store.add(keys.beat(self.me), 1)
                 for member in list(self._watched):
-                    self._observe(member, int(store.add(f"{PREFIX}beat/{member}", 0)))
-                    if store.check([f"{PREFIX}exited/{member}"]):  # its launcher saw it exit: no need to wait
+                    self._observe(member, int(store.add(keys.beat(member), 0)))
+                    if store.check([keys.exited(member)]):  # its launcher saw it exit: no need to wait
                         self._seen[member] = (_EXITED, float("-inf"))
                     self._tell_if_gone(member)
             except Exception:  # the store is out of reach (a link down): beat again once it is back

@@ -1,14 +1,20 @@
 """Who is in the job: the members of each round, and the process group formed for a round.
 
 All coordination goes through the job's key-value store (a TCPStore the elastic launcher hosts, outside every
-worker, so a dead worker takes no state with it). Each worker gets a sequence number when it first arrives; the
-members of a round, in sequence order, are its ranks, so survivors keep their relative order and newcomers come
-last. Who is alive is :mod:`gradsync.elastic.liveness`'s question (heartbeats, and exits reported by launchers).
+worker, so a dead worker takes no state with it; its keys: :mod:`gradsync.elastic.keys`). Each worker gets a
+sequence number when it first arrives; the members of a round, in sequence order, are its ranks, so survivors keep
+their relative order and newcomers come last. Who is alive is :mod:`gradsync.elastic.liveness`'s question
+(heartbeats, and exits reported by launchers).
 
-A round: every live worker registers; the first to claim the round's leadership (``compare_set``) waits until
-every live member registered (a live one may first have to time out of a collective), then writes the round's
-member list; everyone reads it, and each member forms a fresh gloo group on a store prefix of its own
-(``round<k>/``), with no process restart. A round whose leader dies before naming the members is skipped.
+A round: every live worker registers (with the steps it committed); the first to claim the round's leadership
+(``compare_set``) waits until every live member registered (a live one may first have to time out of a
+collective), then writes the round's member list, the member with the most committed steps first; everyone reads
+it, and each member forms a fresh gloo group on a store prefix of its own (``round<k>/group/``), with no process
+restart. A round whose leader dies before naming the members is skipped.
+
+Between rounds the store is not touched per step (:meth:`Membership.step_boundary`): a step is committed when its
+gradients' all-reduce completed, which every member's backward took part in, and a worker asking to join is
+admitted at a step boundary rank 0 announces a few steps ahead.
 """
 
 from __future__ import annotations
@@ -16,22 +22,26 @@ from __future__ import annotations
 import datetime
 import json
 import logging
+import math
 import os
-import sys
 import time
 from dataclasses import dataclass
-from typing import NoReturn
 
 import torch.distributed as dist
 
+from gradsync import settings
 from gradsync.collectives.peer_errors import post_gone
-from gradsync.elastic.liveness import PREFIX, Liveness, mark_exited
+from gradsync.elastic import keys
+from gradsync.elastic.liveness import Liveness, mark_exited
 from gradsync.errors import GradsyncError
+from gradsync.polling import wait_until
 
 STORE_VARIABLE = "GRADSYNC_ELASTIC_STORE"  # host:port of the job's store, set by `gradsync run --elastic`
 WORKER_VARIABLE = "GRADSYNC_ELASTIC_WORKER"  # this process's id, so that its launcher can report its exit
 SETTLE_S = 1.0
-JOIN_WAIT_S = 600.0  # a joiner waits this long for the next step boundary to admit it
+# How often, at most, a member reads round k's admission key at a step boundary, and how far ahead rank 0 announces
+# the admitting step: far enough that every member has read it by then (they are in step within one all-reduce).
+LOOK_S = 0.1
 log = logging.getLogger("gradsync")
 
 
@@ -40,13 +50,8 @@ class MembershipChanged(GradsyncError):
 
 
 class JobFinished(GradsyncError):
-    """A worker started (or restarted) too late: the others already finished the training."""
-
-    def leave(self, job: Membership) -> NoReturn:
-        """Nothing left to do: exit with success (the launcher then restarts nothing)."""
-        job.stop()
-        log.warning("gradsync elastic: %s; exiting", self)
-        sys.exit(0)
+    """A worker started (or restarted) too late: the others already finished the training. ``elastic.init``
+    returns no job then, and ``elastic.run`` returns None: nothing is left to do."""
 
 
 @dataclass(frozen=True)
@@ -67,20 +72,38 @@ class Round:
 class Membership:
     """This worker's view of the job; ``connect()`` from the environment ``gradsync run --elastic`` sets."""
 
-    def __init__(self, store: dist.Store, beat_store: dist.Store, timeout: float) -> None:
+    def __init__(self, store: dist.Store, beat_store: dist.Store, timeouts: Timeouts) -> None:
         self.store = store
-        self.timeout = timeout
-        self.me = store.add(PREFIX + "sequence", 1)
+        self.timeouts = timeouts
+        self.me = store.add(keys.SEQUENCE, 1)
         if os.environ.get(WORKER_VARIABLE):
-            store.set(f"{PREFIX}worker/{os.environ[WORKER_VARIABLE]}", str(self.me))
+            store.set(keys.worker(os.environ[WORKER_VARIABLE]), str(self.me))
         self.round: Round | None = None
         self.joined_late = False  # admitted into a running job: it receives the members' state first
         self._tried = 0  # the last round number this worker registered for
         self._group_store: tuple[Round, dist.Store] | None = None  # the current round's group store, as torch has it
-        self.liveness = Liveness(beat_store, self.me, timeout, on_gone=self._tell_members)
+        self._admission = Admission()
+        self._finished_without_me = False
+        self.liveness = Liveness(beat_store, self.me, timeouts.heartbeat, on_gone=self._tell_members)
+
+    @property
+    def finished_without_me(self) -> bool:
+        """The job finished before this worker could join (see :meth:`finish_without_me`)."""
+        return self._finished_without_me
+
+    def finish_without_me(self, why: JobFinished) -> None:
+        """Nothing is left for this worker: it stops watching, and ``elastic.run`` returns None."""
+        self._finished_without_me = True
+        self.stop()
+        log.warning("gradsync elastic: %s; nothing left to do", why)
+
+    @property
+    def timeout(self) -> float:
+        """Seconds without a heartbeat after which a member counts as lost."""
+        return self.timeouts.heartbeat
 
     @classmethod
-    def connect(cls, timeout: float) -> Membership:
+    def connect(cls, timeouts: Timeouts) -> Membership:
         where = os.environ.get(STORE_VARIABLE)
         if not where:
             raise GradsyncError(
@@ -89,15 +112,15 @@ class Membership:
             )
         host, port = where.rsplit(":", 1)
         stores = [dist.TCPStore(host, int(port), is_master=False, timeout=datetime.timedelta(seconds=60)) for _ in "ab"]
-        return cls(stores[0], stores[1], timeout)
+        return cls(stores[0], stores[1], timeouts)
 
     def stop(self) -> None:
         self.liveness.stop()
 
     def finished(self) -> None:
         """This worker's training function returned: the store host may close once every member has."""
-        self.store.set(PREFIX + "done", "1")  # a worker still waiting to join need not
-        self.store.add(PREFIX + "finished", 1)
+        self.store.set(keys.DONE, "1")  # a worker still waiting to join need not
+        self.store.add(keys.FINISHED, 1)
         self.stop()
 
     def job_done(self) -> bool:
@@ -105,57 +128,59 @@ class Membership:
 
     # ------------------------------------------------------------------------------------------- joining
     def job_running(self) -> bool:
-        return self._check("current_round")
+        return self.store.check([keys.CURRENT_ROUND])
 
     def first_round(self, expected: int, seconds: float = 300.0) -> Round:
-        """The job's first round: the first worker to arrive waits for ``expected`` in all (at most ``seconds``)."""
-        key = f"{PREFIX}round1/"
-        self.store.set(f"{key}registered/{self.me}", "1")
+        """The job's first round: the first worker to arrive waits for ``expected`` in all (at most ``seconds``).
+        A worker that took a number and died before registering (its heartbeat never moves) is left out."""
+        self.store.set(keys.registered(1, self.me), "0")
         if self.me == 1:
-            deadline = time.monotonic() + seconds
-            while int(self.store.add(PREFIX + "sequence", 0)) < expected and time.monotonic() < deadline:
-                time.sleep(0.02)
-            registered = [s for s in range(1, int(self.store.add(PREFIX + "sequence", 0)) + 1)]
-            while not all(self._check(f"round1/registered/{s}") for s in registered):
-                time.sleep(0.02)
-            self.store.set(f"{key}members", json.dumps(registered))
-            self.store.set(PREFIX + "current_round", "1")
-        return self._enter(1, self._wait_for(f"{key}members", seconds + SETTLE_S))
+            wait_until(lambda: self._arrived() >= expected, seconds)
+            numbers = range(1, self._arrived() + 1)
+            registered = lambda s: self.store.check([keys.registered(1, s)])  # noqa: E731
+            wait_until(lambda: all(registered(s) or not self.liveness.alive(s) for s in numbers), seconds)
+            self.store.set(keys.members(1), json.dumps([s for s in numbers if registered(s)]))
+            self.store.set(keys.requests(1), "0")
+            self.store.set(keys.CURRENT_ROUND, "1")
+        return self._enter(1, self._wait_for(keys.members(1), seconds + SETTLE_S + self.timeouts.heartbeat))
+
+    def _arrived(self) -> int:
+        return int(self.store.add(keys.SEQUENCE, 0))
 
     def _enter(self, number: int, members: list[int]) -> Round:
         if self.me not in members:
             raise GradsyncError(f"worker {self.me} was left out of round {number} (declared dead); exiting")
         self.round = Round(number, members, self.me)
         self.liveness.watch_only(members)
-        self.store.set(f"{PREFIX}joined/{self.me}", "1")
+        self.store.set(keys.joined(self.me), "1")
+        self._admission = Admission(int(self.store.get(keys.requests(number))))
         return self.round
 
     def request_to_join(self) -> None:
         self.joined_late = True
-        self.store.delete_key(f"{PREFIX}joined/{self.me}")  # a member left out of a round joins again
-        self.store.set(f"{PREFIX}joiners/{self.me}", "1")
+        self.store.delete_key(keys.joined(self.me))  # a member left out of a round joins again
+        self.store.set(keys.joiner(self.me), "1")
+        self.store.add(keys.JOIN_REQUESTS, 1)
 
     def pending_joiners(self) -> list[int]:
-        count = int(self.store.add(PREFIX + "sequence", 0))
-        return [s for s in range(1, count + 1) if self._check(f"joiners/{s}") and not self._check(f"joined/{s}")]
-
-    def _check(self, key: str) -> bool:
-        return self.store.check([PREFIX + key])
+        count = self._arrived()
+        check = self.store.check
+        return [s for s in range(1, count + 1) if check([keys.joiner(s)]) and not check([keys.joined(s)])]
 
     # --------------------------------------------------------------------------------------------- rounds
-    def next_round(self) -> Round:
+    def next_round(self, steps: int = 0) -> Round:
         """Agree on the next round's members: the current members still alive and the workers waiting to join.
-        Every live member calls this; a worker joining calls it after :meth:`request_to_join`."""
+        Every live member calls this with the steps it committed; a worker joining calls it after
+        :meth:`request_to_join`."""
         if self.round is None:
             return self._join_a_round()
         # A round whose leader died before naming the members is skipped: everyone tries the next number.
         number = max(self.round.number, self._tried) + 1
         self._tried = number
-        key = f"{PREFIX}round{number}/"
-        self.store.set(f"{key}registered/{self.me}", "1")
-        if self.store.compare_set(f"{key}leader", "", str(self.me)).decode() == str(self.me):
+        self.store.set(keys.registered(number, self.me), str(steps))
+        if self.store.compare_set(keys.leader(number), "", str(self.me)).decode() == str(self.me):
             self._decide(number)
-        members = self._wait_for(f"{key}members", 2 * (SETTLE_S + self.timeout))
+        members = self._wait_for(keys.members(number), 2 * (SETTLE_S + self.timeouts.collective))
         if self.me not in members:  # declared dead (cut off, or stopped for too long): join again, in-process
             log.warning("gradsync elastic: worker %d was left out of round %d; asking to join again", self.me, number)
             self.request_to_join()
@@ -166,51 +191,64 @@ class Membership:
     def _join_a_round(self) -> Round:
         """A joiner registers for the round after the latest formed, and tries the next one if that round formed
         without it (it registered too late); the members admit it at a step boundary."""
-        deadline = time.monotonic() + JOIN_WAIT_S
+        seconds = self.timeouts.admission
+        deadline = time.monotonic() + seconds
         while time.monotonic() < deadline:
             if self.job_done():
                 raise JobFinished("the job finished before this worker could join")
             number = self._current_round() + 1
-            key = f"{PREFIX}round{number}/"
-            self.store.set(f"{key}registered/{self.me}", "1")
-            members = self._wait_for(f"{key}members", max(1.0, deadline - time.monotonic()), give_up="done")
+            self.store.set(keys.registered(number, self.me), "0")
+            members = self._wait_for(keys.members(number), max(1.0, deadline - time.monotonic()), give_up=keys.DONE)
             if self.me in members:
                 return self._enter(number, members)
-            self.store.delete_key(f"{PREFIX}joined/{self.me}")  # marked expired by that round: still joining
-        raise GradsyncError(f"worker {self.me} was not admitted within {JOIN_WAIT_S:.0f}s")
+            self.store.delete_key(keys.joined(self.me))  # marked expired by that round: still joining
+        raise GradsyncError(
+            f"worker {self.me} was not admitted within {seconds:.0f}s (GRADSYNC_ELASTIC_ADMISSION_TIMEOUT): the "
+            "members reached no step boundary meanwhile, or kept forming rounds without it"
+        )
 
     def _decide(self, number: int) -> None:
-        key = f"{PREFIX}round{number}/"
+        requests = int(self.store.add(keys.JOIN_REQUESTS, 0))  # before the joiners are listed: none is missed
         current = self.round.members if self.round is not None else []
         joiners = self.pending_joiners()
         # Members keep their order and joiners come last, so rank 0 (whose state everyone receives) is a member that
         # lived through the change: a worker that was cut off and asks to join again keeps its old, low number.
         wanted = current + sorted(set(joiners) - set(current))
+        registered = lambda m: self.store.check([keys.registered(number, m)])  # noqa: E731
         # A live member may be inside a collective that fails only at the group's timeout: wait for it that long.
-        deadline = time.monotonic() + SETTLE_S + self.timeout
-        while time.monotonic() < deadline:
-            live = [m for m in wanted if self.liveness.alive(m)]
-            if all(self.store.check([f"{key}registered/{m}"]) for m in live):
-                break
-            time.sleep(0.02)
+        live_registered = lambda: all(registered(m) for m in wanted if self.liveness.alive(m))  # noqa: E731
+        wait_until(live_registered, SETTLE_S + self.timeouts.collective, pause=0.005, max_pause=0.02)
         # Registered and still alive: a worker killed after registering (its launcher reported it) is left out.
-        members = [m for m in wanted if self.store.check([f"{key}registered/{m}"]) and self.liveness.alive(m)]
+        members = [m for m in wanted if registered(m) and self.liveness.alive(m)]
         for gone in set(joiners) - set(members):  # asked to join, then vanished: stop waiting for it
-            self.store.set(f"{PREFIX}joined/{gone}", "expired")
-        self.store.set(f"{key}members", json.dumps(members))
-        self.store.set(PREFIX + "current_round", str(number))
+            self.store.set(keys.joined(gone), "expired")
+        self.store.set(keys.members(number), json.dumps(self._most_committed_first(number, members, current)))
+        self.store.set(keys.requests(number), str(requests))
+        self.store.set(keys.CURRENT_ROUND, str(number))
+
+    def _most_committed_first(self, number: int, members: list[int], current: list[int]) -> list[int]:
+        """``members`` with rank 0 a member that committed the most steps. A step commits on each member when its
+        all-reduce completes there; a member lost inside that all-reduce can leave some members with the step
+        committed and some without. Every member takes rank 0's state, so with this rank 0 a step committed
+        anywhere is committed everywhere (its gradients were every member's: the all-reduce completed somewhere)."""
+        steps = {m: int(self.store.get(keys.registered(number, m))) for m in members if m in current}
+        if not steps:
+            return members
+        most = max(steps.values())
+        first = next(m for m in members if steps.get(m) == most)
+        return [first] + [m for m in members if m != first]
 
     def _current_round(self) -> int:
-        return int(self.store.get(PREFIX + "current_round")) if self._check("current_round") else 0
+        return int(self.store.get(keys.CURRENT_ROUND)) if self.job_running() else 0
 
     def _wait_for(self, key: str, seconds: float, give_up: str | None = None) -> list[int]:
-        deadline = time.monotonic() + seconds
-        while not self.store.check([key]):
-            if give_up and self._check(give_up):  # e.g. "done": the members finished
+        def listed() -> bool:
+            if give_up and self.store.check([give_up]):  # e.g. "done": the members finished
                 raise JobFinished("the job finished before this worker could join")
-            if time.monotonic() > deadline:
-                raise MembershipChanged(f"no member list at {key} within {seconds:.0f}s: the round's leader died")
-            time.sleep(0.02)
+            return self.store.check([key])
+
+        if not wait_until(listed, seconds, max_pause=0.02):
+            raise MembershipChanged(f"no member list at {key} within {seconds:.0f}s: the round's leader died")
         return json.loads(self.store.get(key))
 
     def form_group(self, round_: Round) -> None:
@@ -220,14 +258,14 @@ class Membership:
                 dist.destroy_process_group()
             except Exception:  # a group with dead members may not close cleanly; it is dropped either way
                 pass
-        prefix = dist.PrefixStore(f"{PREFIX}round{round_.number}/group/", self.store)
+        prefix = dist.PrefixStore(keys.group_prefix(round_.number), self.store)
         try:
             dist.init_process_group(
                 "gloo",
                 store=prefix,
                 rank=round_.rank,
                 world_size=round_.world_size,
-                timeout=datetime.timedelta(seconds=self.timeout),  # a stopped member is found within this
+                timeout=datetime.timedelta(seconds=self.timeouts.collective),  # a stopped member is found within
             )
         except dist.DistError as exc:  # a member died while the group formed: the next round goes without it
             # The default group's store keys carry a per-process counter of groups made, which
@@ -249,58 +287,90 @@ class Membership:
         rank = round_.members.index(member)
         post_gone(store, rank, f"worker {member} (rank {rank} of round {round_.number}) {why}")
 
-    # --------------------------------------------------------------------------------------- agreement
-    def agree(self, label: str) -> str:
-        """Every member reached ``label`` (a step boundary); returns the leader's decision: "continue" or "admit"
-        (joiners wait: form the next round). Raises :class:`MembershipChanged` if a member died meanwhile.
-
-        The decision is one key, written once (``compare_set``): the leader writes "continue" or "admit" after
-        every member's flag; a member that finds another dead writes "abort". Whoever writes first decides for
-        everyone, so a member cut off mid-step cannot come back and commit a step the others abandoned."""
+    # ------------------------------------------------------------------------------------ step boundaries
+    def step_boundary(self, step: int) -> bool:
+        """Called by every member after it committed ``step`` (its optimizer stepped): whether this boundary admits
+        the workers waiting to join (the members then form the next round). No store operation in most steps:
+        the admission key is read at most every ``LOOK_S``; rank 0 announces a step far enough ahead that every
+        member has read it by then. A member that still misses it fails its next collective (the others left the
+        group) and joins the next round with them: late, never wrong."""
         assert self.round is not None
-        key = f"{PREFIX}round{self.round.number}/{label}/"
-        self.store.set(f"{key}{self.me}", "1")
-        leader = self.round.members[0]
-        for member in self.round.members:
-            while not self._decided(key) and not self.store.check([f"{key}{member}"]):
-                if not self.liveness.alive(member):
-                    self._abort(key, f"member {member} {self.liveness.why_dead(member)} at {label}")
-                time.sleep(0.001)
-        if self.round.rank == 0:
-            self.store.compare_set(f"{key}decision", "", "admit" if self.pending_joiners() else "continue")
-        while not self._decided(key):
-            if not self.liveness.alive(leader):
-                self._abort(key, f"the leader {leader} stopped at {label}")
-            time.sleep(0.001)
-        decision = self.store.get(f"{key}decision").decode()
-        if decision == "abort":
-            raise MembershipChanged(f"the step at {label} was abandoned: a member was lost")
-        return decision
+        admission = self._admission
+        now = time.monotonic()
+        admission.tick(now)
+        if admission.at is None and now - admission.looked >= LOOK_S:
+            admission.looked = now
+            ahead = admission.steps_ahead()
+            if self.round.rank == 0 and ahead and int(self.store.add(keys.JOIN_REQUESTS, 0)) > admission.requests:
+                self.store.compare_set(keys.admit_at(self.round.number), "", str(step + ahead))
+            key = keys.admit_at(self.round.number)
+            if self.store.check([key]):
+                admission.at = int(self.store.get(key))
+        return admission.at is not None and step >= admission.at
 
-    def _decided(self, key: str) -> bool:
-        return self.store.check([f"{key}decision"])
 
-    def _abort(self, key: str, why: str) -> None:
-        """Abandon the step unless the leader decided first (then follow its decision)."""
-        if self.store.compare_set(f"{key}decision", "", "abort").decode() == "abort":
-            raise MembershipChanged(why)
+@dataclass
+class Admission:
+    """A member's view of its round's admission: the join requests counted when the round formed, the step whose
+    boundary admits (once read), when the key was last read, and the step time (rank 0 announces ahead by it)."""
+
+    requests: int = 0
+    at: int | None = None
+    looked: float = 0.0
+    step_seconds: float | None = None  # a moving average of the time between boundaries; None before two
+    _last: float | None = None
+
+    def tick(self, now: float) -> None:
+        if self._last is not None:
+            seconds = now - self._last
+            self.step_seconds = seconds if self.step_seconds is None else 0.8 * self.step_seconds + 0.2 * seconds
+        self._last = now
+
+    def steps_ahead(self) -> int | None:
+        """How many steps ahead to announce the admitting boundary so that every member reads it first (None: the
+        step time is not known yet)."""
+        if self.step_seconds is None:
+            return None
+        return 2 + math.ceil(2 * LOOK_S / max(self.step_seconds, 1e-4))
+
+
+@dataclass(frozen=True)
+class Timeouts:
+    """elastic's three waits, each with its own meaning (seconds):
+
+    - ``heartbeat``: a member whose heartbeat has not moved for this long counts as lost;
+    - ``collective``: the round's process group's timeout: a collective with a stopped member fails after it;
+    - ``admission``: how long a worker asking to join waits to be admitted.
+
+    Each has a ``GRADSYNC_ELASTIC_*_TIMEOUT`` override (HEARTBEAT, COLLECTIVE, ADMISSION)."""
+
+    heartbeat: float = 10.0
+    collective: float = 10.0
+    admission: float = 600.0
+
+    @classmethod
+    def read(cls, heartbeat: float, collective: float | None, admission: float) -> Timeouts:
+        heartbeat = settings.read_seconds("GRADSYNC_ELASTIC_HEARTBEAT_TIMEOUT", heartbeat)
+        collective = settings.read_seconds("GRADSYNC_ELASTIC_COLLECTIVE_TIMEOUT", collective or heartbeat)
+        admission = settings.read_seconds("GRADSYNC_ELASTIC_ADMISSION_TIMEOUT", admission)
+        return cls(heartbeat, collective, admission)
 
 
 def report_exit(store: dist.Store, worker: str) -> None:
     """Called by a launcher when its worker ``worker`` (its WORKER_VARIABLE) exited: the members stop waiting for it."""
-    key = f"{PREFIX}worker/{worker}"
+    key = keys.worker(worker)
     if store.check([key]):
         mark_exited(store, int(store.get(key)))
 
 
 def job_done(store: dist.Store) -> bool:
     """Whether the members finished training (a launcher then restarts no worker)."""
-    return store.check([PREFIX + "done"])
+    return store.check([keys.DONE])
 
 
 def everyone_finished(store: dist.Store) -> bool:
     """Whether every member of the latest round reported its training finished (the store's host may close)."""
-    if not store.check([PREFIX + "current_round"]):
+    if not store.check([keys.CURRENT_ROUND]):
         return False
-    members = json.loads(store.get(f"{PREFIX}round{int(store.get(PREFIX + 'current_round'))}/members"))
-    return int(store.add(PREFIX + "finished", 0)) >= len(members)
+    members = json.loads(store.get(keys.members(int(store.get(keys.CURRENT_ROUND)))))
+    return int(store.add(keys.FINISHED, 0)) >= len(members)

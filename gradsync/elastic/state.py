@@ -2,10 +2,13 @@
 
 Prior art: Horovod Elastic's ``State.commit()``/``run`` and torchft's per-step quorum. The protocol:
 
-- a step is committed at :meth:`State.step`, which replaces ``optimizer.step()``: the members first agree, through
-  the job's store, that every one of them finished this step's backward; only then does each step its
-  optimizer. A member that died before agreeing means nobody steps, so parameters and optimizer state stay those of
-  the last committed step, identical on every survivor, with no copy kept;
+- a step is committed at :meth:`State.step`, which replaces ``optimizer.step()``: its gradients' all-reduce has
+  completed, so every member's backward took part, and each member steps its optimizer. A member lost before then
+  fails the all-reduce on every survivor, so nobody steps: parameters and optimizer state stay those of the last
+  committed step, with no copy kept. One lost inside the all-reduce can leave the step committed on some
+  survivors only; the next round's rank 0 is a member with the most committed steps, and every member takes its
+  state, so the step is then committed everywhere. The store is not touched per step: a worker waiting to join
+  is admitted at a step boundary that rank 0 announces a few steps ahead (:meth:`Membership.step_boundary`);
 - when a collective fails (a dead peer, or a stopped one past the process group's timeout) or the agreement finds a
   member without a heartbeat, :func:`run` forms a new round among the live workers (and any waiting to join), a
   fresh process group, rebuilds the model's reducer for it, sends rank 0's state to every member (a rejoining
@@ -86,13 +89,12 @@ class State:
 
     # ----------------------------------------------------------------------------------------- the step
     def step(self) -> None:
-        """Commit this step: agree with every member that its backward finished, then step the optimizer and
+        """Commit this step: step the optimizer (the backward's all-reduce completed: every member took part) and
         consume the step's samples. Use it in place of ``optimizer.step()``."""
-        decision = self.job.agree(f"step{self.steps}")
         self.optimizer.step()
         self.steps += 1
         self.loader.commit()
-        if decision == "admit":  # a worker waits to join: form the next round at this step boundary
+        if self.job.step_boundary(self.steps):  # a worker waits to join: form the next round here
             raise MembershipChanged("admitting a worker that asked to join")
 
     def count_recovery(self, failure: BaseException) -> None:
@@ -112,7 +114,7 @@ class State:
         """Form the next round with the live workers (and any waiting to join), then carry on from there."""
         assert self.job.round is not None
         start, before = time.monotonic(), self.job.round.world_size
-        round_ = self.job.next_round()
+        round_ = self.job.next_round(self.steps)
         self.job.form_group(round_)
         # The same collectives, in the same order, as a newly started worker's constructors, then the state.
         self.model.rebuild_for_new_group()
@@ -157,9 +159,10 @@ class State:
 RECOVERABLE: tuple[type[BaseException], ...] = (MembershipChanged, CollectiveError)
 
 
-def run(train: Callable[..., T]) -> Callable[..., T]:
+def run(train: Callable[..., T]) -> Callable[..., T | None]:
     """Decorate the training function ``train(state, ...)``: it runs until it returns, and is called again from
-    the committed position after every membership change.
+    the committed position after every membership change. It returns None, without training, on a worker the job
+    did not need: one (re)started, or cut off, after the others finished (``state.job.finished_without_me``).
 
     Example::
 
@@ -177,15 +180,17 @@ def run(train: Callable[..., T]) -> Callable[..., T]:
     """
 
     @functools.wraps(train)
-    def wrapper(state: State, *args: Any, **kwargs: Any) -> T:
+    def wrapper(state: State, *args: Any, **kwargs: Any) -> T | None:
+        if state.job.finished_without_me:
+            return None  # the job finished before this worker could join: nothing left to do
         failure: BaseException | None = None
         try:
             state.start()
         except RECOVERABLE as exc:
             failure = exc
         while True:
-            if failure is not None:
-                _recover(state, failure)
+            if failure is not None and not _recover(state, failure):
+                return None
             try:
                 result = train(state, *args, **kwargs)
                 state.job.finished()
@@ -196,15 +201,17 @@ def run(train: Callable[..., T]) -> Callable[..., T]:
     return wrapper
 
 
-def _recover(state: State, failure: BaseException) -> None:
-    """Form a new round; again if another member is lost during the recovery itself."""
+def _recover(state: State, failure: BaseException) -> bool:
+    """Form a new round; again if another member is lost during the recovery itself. False: this worker was left
+    out, and the others finished before it could join again."""
     while True:
         state.count_recovery(failure)
         try:
             state.recover(failure)
-            return
+            return True
         except RECOVERABLE as exc:
             log.warning("gradsync elastic: recovery at step %d failed (%s); trying again", state.steps, exc)
             failure = exc
-        except JobFinished as done:  # left out, and the others finished before it could join again
-            done.leave(state.job)
+        except JobFinished as done:
+            state.job.finish_without_me(done)
+            return False

@@ -1,0 +1,77 @@
+"""Every key gradsync.elastic keeps in the job's store, in one place: who writes it, who reads it, and how long it
+lives. All live under ``gradsync/elastic/``; per-round keys under ``round<k>/``, so a round's keys never meet
+another's. Nothing is written per step: the store holds a few keys per worker and per round, however long the job.
+
+=====================================  ====================================================  =====================
+key                                    meaning                                               written by
+=====================================  ====================================================  =====================
+``sequence``                           counter: each worker's number, taken on arrival       every worker, once
+``worker/<launcher's name>``           that worker's number, for its launcher's exit report  every worker, once
+``beat/<member>``                      heartbeat counter                                     the member's thread
+``exited/<member>``                    its launcher saw its process exit                     launchers
+``joiners/<member>``, ``join_requests``  a worker asks to be admitted; how many asked so far  joiners
+``joined/<member>``                    admitted ("expired": it vanished before)              members / leaders
+``current_round``                      the number of the last round formed                   round leaders
+``round<k>/registered/<member>``       the member's committed steps, registering for k       members
+``round<k>/leader``                    who decides round k (compare_set)                     the first to register
+``round<k>/members``                   round k's members, JSON, in rank order                round k's leader
+``round<k>/requests``                  join requests counted when round k formed             round k's leader
+``round<k>/admit_at``                  the step at whose boundary round k admits joiners     round k's rank 0
+``round<k>/group/...``                 round k's process group (torch's own keys)            torch
+``done``, ``finished``                 the members finished; how many did                    members
+=====================================  ====================================================  =====================
+"""
+
+from __future__ import annotations
+
+PREFIX = "gradsync/elastic/"
+
+SEQUENCE = PREFIX + "sequence"
+CURRENT_ROUND = PREFIX + "current_round"
+JOIN_REQUESTS = PREFIX + "join_requests"
+DONE = PREFIX + "done"
+FINISHED = PREFIX + "finished"
+
+
+def worker(name: str) -> str:
+    return f"{PREFIX}worker/{name}"
+
+
+def beat(member: int) -> str:
+    return f"{PREFIX}beat/{member}"
+
+
+def exited(member: int) -> str:
+    return f"{PREFIX}exited/{member}"
+
+
+def joiner(member: int) -> str:
+    return f"{PREFIX}joiners/{member}"
+
+
+def joined(member: int) -> str:
+    return f"{PREFIX}joined/{member}"
+
+
+def registered(round_number: int, member: int) -> str:
+    return f"{PREFIX}round{round_number}/registered/{member}"
+
+
+def leader(round_number: int) -> str:
+    return f"{PREFIX}round{round_number}/leader"
+
+
+def members(round_number: int) -> str:
+    return f"{PREFIX}round{round_number}/members"
+
+
+def requests(round_number: int) -> str:
+    return f"{PREFIX}round{round_number}/requests"
+
+
+def admit_at(round_number: int) -> str:
+    return f"{PREFIX}round{round_number}/admit_at"
+
+
+def group_prefix(round_number: int) -> str:
+    return f"{PREFIX}round{round_number}/group/"
