@@ -32,6 +32,7 @@ from gradsync.collectives.groups import resolve
 from gradsync.collectives.nccl_watch import Watch
 from gradsync.collectives.peer_errors import describe_peer_errors, post_error, post_step
 from gradsync.errors import CollectiveError, GradsyncError
+from gradsync.polling import wait_until
 
 
 class Op(enum.Enum):
@@ -191,12 +192,9 @@ class Communicator:
         ranks = [self.global_rank(r) for r in range(self.size)]
         prefix = f"gradsync/arrive/{'-'.join(map(str, ranks))}/{op.code}/{self.sequence}/"
         store.set(prefix + str(dist.get_rank()), "1")
-        deadline = time.monotonic() + seconds
-        while True:
-            missing = [r for r in ranks if not store.check([prefix + str(r)])]
-            if not missing or time.monotonic() > deadline:
-                break
-            time.sleep(0.05)
+        not_arrived = lambda: [r for r in ranks if not store.check([prefix + str(r)])]  # noqa: E731
+        wait_until(lambda: not not_arrived(), seconds, pause=0.01, max_pause=0.05)
+        missing = not_arrived()
         if missing:
             message = (
                 f"{op.value}: rank(s) {missing} did not reach {call} within {seconds:.0f}s (this is rank "
@@ -234,16 +232,12 @@ class Communicator:
 
     def _wait_until_done(self, future: torch.futures.Future) -> None:
         timeout = self.timeout_seconds()
-        deadline = time.monotonic() + timeout
-        pause = 1e-4
-        while not future.done():
-            if time.monotonic() > deadline:
-                raise TimeoutError(
-                    f"the future did not complete within the process group's timeout ({timeout:.0f}s); a "
-                    "communication hook must return a future that completes (e.g. from an async collective)"
-                )
-            time.sleep(pause)
-            pause = min(pause * 2, 0.001)  # at most 1 ms late: a hook future is on the critical path
+        # At most 1 ms late: a hook's future is on the critical path.
+        if not wait_until(future.done, timeout, pause=1e-4, max_pause=1e-3):
+            raise TimeoutError(
+                f"the future did not complete within the process group's timeout ({timeout:.0f}s); a "
+                "communication hook must return a future that completes (e.g. from an async collective)"
+            )
 
     def timeout_seconds(self) -> float:
         """The process group's collective timeout (gloo and NCCL enforce it on their own collectives), read from the

@@ -8,9 +8,9 @@ and reads these reports around every collective it issues.
 
 from __future__ import annotations
 
-import time
-
 import torch.distributed as dist
+
+from gradsync.polling import wait_until
 
 _PREFIX = "gradsync/error/"
 _STEP_PREFIX = "gradsync/step/"
@@ -96,11 +96,9 @@ def describe_peer_errors(grace: float = 0.0, collective: str | None = None, step
     it, or dead): usually the ones to look at. ``collective``: what this rank was in; a peer that failed in another
     one means the ranks were out of step. ``step``: this rank's synced step, when steps are posted (GRADSYNC_DEBUG);
     a silent peer that posted another one stopped short or ran ahead."""
-    deadline = time.monotonic() + grace
+    if grace:
+        wait_until(lambda: not _still_waiting(peer_errors()), grace, pause=0.02, max_pause=0.05)
     errors = peer_errors()
-    while errors is not None and _still_waiting(errors) and time.monotonic() < deadline:
-        time.sleep(0.05)
-        errors = peer_errors()
     if errors is None:
         return "\n  (the other ranks' reports are unreachable: the store lives with rank 0)"
     text = "".join(_report_line(rank, msg) for rank, msg in sorted(errors.items()))
@@ -130,8 +128,11 @@ def describe_peer_errors(grace: float = 0.0, collective: str | None = None, step
     return text
 
 
-def _still_waiting(errors: dict[int, str]) -> bool:
-    """Whether a report may still come that says more: not every peer reported, and none is known gone."""
+def _still_waiting(errors: dict[int, str] | None) -> bool:
+    """Whether a report may still come that says more: the store is there, not every peer reported, and none is
+    known gone."""
+    if errors is None:
+        return False
     return len(errors) < dist.get_world_size() - 1 and not any(msg.startswith(_GONE) for msg in errors.values())
 
 

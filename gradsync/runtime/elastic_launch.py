@@ -34,6 +34,7 @@ from gradsync.elastic.membership import (
     report_exit,
 )
 from gradsync.elastic.state import REJOIN_VARIABLE
+from gradsync.polling import wait_until
 
 
 @dataclass
@@ -145,12 +146,8 @@ def _stop_without_store(workers: list[Worker], job: Job) -> int:
 
 def _wait_for_everyone(store: dist.TCPStore, seconds: float = 60.0) -> None:
     """Keep the job's store up until every member of the last round reported its training finished."""
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if everyone_finished(store):
-            time.sleep(3.0)  # the other launchers look once a second: let them see the end
-            return
-        time.sleep(0.2)
+    if wait_until(lambda: everyone_finished(store), seconds, pause=0.2, max_pause=0.2):
+        time.sleep(3.0)  # the other launchers look once a second: let them see the end
 
 
 # How a TCPStore client fails once the server's process is gone (the connection closed or reset). A link that is
