@@ -9,6 +9,7 @@ key                                    meaning                                  
 ``worker/<launcher's name>``           that worker's number, for its launcher's exit report  every worker, once
 ``beat/<member>``                      heartbeat counter                                     the member's thread
 ``exited/<member>``                    its launcher saw its process exit                     launchers
+``lost/<member>``                      its heartbeat stopped (why)                           the member watching it
 ``joiners/<member>``, ``join_requests``  a worker asks to be admitted; how many asked so far  joiners
 ``joined/<member>``                    admitted ("expired": it vanished before)              members / leaders
 ``current_round``                      the number of the last round formed                   round leaders
@@ -43,6 +44,10 @@ def beat(member: int) -> str:
 
 def exited(member: int) -> str:
     return f"{PREFIX}exited/{member}"
+
+
+def lost(member: int) -> str:
+    return f"{PREFIX}lost/{member}"
 
 
 def joiner(member: int) -> str:

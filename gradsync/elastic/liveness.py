@@ -4,6 +4,10 @@ A heartbeat is a counter each worker bumps every ``HEARTBEAT_S`` from a thread w
 never shares a client with the training thread). A member whose counter has not moved for ``timeout`` seconds of
 the observer's own clock is dead (no clock is compared across hosts). A worker that exits is reported at once by
 its launcher (``exited/<member>``, :func:`mark_exited`), so a killed process costs no heartbeat timeout.
+
+In a round each member watches one other, the next in rank order (a ring), so the store serves O(N) heartbeat
+reads, not O(N^2): the watcher says when its member is gone (``on_gone``), for everyone. A member is watched by more
+only while a round is decided (its leader asks about every candidate).
 """
 
 from __future__ import annotations
@@ -31,11 +35,17 @@ class Liveness:
     gone (its exit reported, or its heartbeat stale), so that the members can be told at once."""
 
     def __init__(
-        self, store: dist.Store, me: int, timeout: float, on_gone: Callable[[int, str], None] | None = None
+        self,
+        store: dist.Store,
+        me: int,
+        timeout: float,
+        on_gone: Callable[[int, str], None] | None = None,
+        on_beat: Callable[[dist.Store], None] | None = None,
     ) -> None:
         self.me = me
         self.timeout = timeout
         self._on_gone = on_gone
+        self._on_beat = on_beat  # more for this thread to ask the store each beat, on its own connection
         self._seen: dict[int, tuple[int, float]] = {}  # member -> (last counter, when it last moved)
         self._watched: list[int] = []
         self._told: set[int] = set()  # members on_gone was called for
@@ -54,6 +64,8 @@ class Liveness:
                     if store.check([keys.exited(member)]):  # its launcher saw it exit: no need to wait
                         self._seen[member] = (_EXITED, float("-inf"))
                     self._tell_if_gone(member)
+                if self._on_beat is not None:
+                    self._on_beat(store)
             except Exception:  # the store is out of reach (a link down): beat again once it is back
                 continue
 
@@ -68,8 +80,10 @@ class Liveness:
             self._seen[member] = (count, time.monotonic())
 
     def watch_only(self, members: list[int]) -> None:
-        """Watch these members from now on, each with a fresh timeout (each registered for a round just now)."""
-        self._watched = [m for m in members if m != self.me]
+        """A round formed with ``members`` (in rank order): watch the one after this worker, with a fresh timeout."""
+        ring = members if self.me in members else [*members, self.me]
+        successor = ring[(ring.index(self.me) + 1) % len(ring)]
+        self._watched = [successor] if successor != self.me else []
         for member in self._watched:
             self._seen.pop(member, None)
         self._told.clear()

@@ -32,16 +32,13 @@ import torch.distributed as dist
 from gradsync import settings
 from gradsync.collectives.peer_errors import post_gone
 from gradsync.elastic import keys
-from gradsync.elastic.liveness import Liveness, mark_exited
+from gradsync.elastic.liveness import HEARTBEAT_S, Liveness, mark_exited
 from gradsync.errors import GradsyncError
 from gradsync.polling import wait_until
 
 STORE_VARIABLE = "GRADSYNC_ELASTIC_STORE"  # host:port of the job's store, set by `gradsync run --elastic`
 WORKER_VARIABLE = "GRADSYNC_ELASTIC_WORKER"  # this process's id, so that its launcher can report its exit
 SETTLE_S = 1.0
-# How often, at most, a member reads round k's admission key at a step boundary, and how far ahead rank 0 announces
-# the admitting step: far enough that every member has read it by then (they are in step within one all-reduce).
-LOOK_S = 0.1
 log = logging.getLogger("gradsync")
 
 
@@ -82,9 +79,11 @@ class Membership:
         self.joined_late = False  # admitted into a running job: it receives the members' state first
         self._tried = 0  # the last round number this worker registered for
         self._group_store: tuple[Round, dist.Store] | None = None  # the current round's group store, as torch has it
-        self._admission = Admission()
+        self._admission: tuple[Round, Admission] | None = None  # the current round's, read by the heartbeat thread
         self._finished_without_me = False
-        self.liveness = Liveness(beat_store, self.me, timeouts.heartbeat, on_gone=self._tell_members)
+        self.liveness = Liveness(
+            beat_store, self.me, timeouts.heartbeat, on_gone=self._tell_members, on_beat=self._look_for_admission
+        )
 
     @property
     def finished_without_me(self) -> bool:
@@ -153,12 +152,13 @@ class Membership:
         self.round = Round(number, members, self.me)
         self.liveness.watch_only(members)
         self.store.set(keys.joined(self.me), "1")
-        self._admission = Admission(int(self.store.get(keys.requests(number))))
+        self._admission = (self.round, Admission(int(self.store.get(keys.requests(number)))))
         return self.round
 
     def request_to_join(self) -> None:
         self.joined_late = True
         self.store.delete_key(keys.joined(self.me))  # a member left out of a round joins again
+        self.store.delete_key(keys.lost(self.me))  # it was declared lost, and is back
         self.store.set(keys.joiner(self.me), "1")
         self.store.add(keys.JOIN_REQUESTS, 1)
 
@@ -215,13 +215,16 @@ class Membership:
         # lived through the change: a worker that was cut off and asks to join again keeps its old, low number.
         wanted = current + sorted(set(joiners) - set(current))
         registered = lambda m: self.store.check([keys.registered(number, m)])  # noqa: E731
+        # Known gone: its launcher saw it exit, or the member watching it saw its heartbeat stop.
+        gone = {m for m in wanted if self.store.check([keys.exited(m)]) or self.store.check([keys.lost(m)])}
+        alive = lambda m: m not in gone and self.liveness.alive(m)  # noqa: E731
         # A live member may be inside a collective that fails only at the group's timeout: wait for it that long.
-        live_registered = lambda: all(registered(m) for m in wanted if self.liveness.alive(m))  # noqa: E731
+        live_registered = lambda: all(registered(m) for m in wanted if alive(m))  # noqa: E731
         wait_until(live_registered, SETTLE_S + self.timeouts.collective, pause=0.005, max_pause=0.02)
         # Registered and still alive: a worker killed after registering (its launcher reported it) is left out.
-        members = [m for m in wanted if registered(m) and self.liveness.alive(m)]
-        for gone in set(joiners) - set(members):  # asked to join, then vanished: stop waiting for it
-            self.store.set(keys.joined(gone), "expired")
+        members = [m for m in wanted if registered(m) and alive(m)]
+        for vanished in set(joiners) - set(members):  # asked to join, then vanished: stop waiting for it
+            self.store.set(keys.joined(vanished), "expired")
         self.store.set(keys.members(number), json.dumps(self._most_committed_first(number, members, current)))
         self.store.set(keys.requests(number), str(requests))
         self.store.set(keys.CURRENT_ROUND, str(number))
@@ -286,52 +289,61 @@ class Membership:
         round_, store = known
         rank = round_.members.index(member)
         post_gone(store, rank, f"worker {member} (rank {rank} of round {round_.number}) {why}")
+        self.store.set(keys.lost(member), why)  # for the leader of the next round
 
     # ------------------------------------------------------------------------------------ step boundaries
     def step_boundary(self, step: int) -> bool:
         """Called by every member after it committed ``step`` (its optimizer stepped): whether this boundary admits
-        the workers waiting to join (the members then form the next round). No store operation in most steps:
-        the admission key is read at most every ``LOOK_S``; rank 0 announces a step far enough ahead that every
-        member has read it by then. A member that still misses it fails its next collective (the others left the
-        group) and joins the next round with them: late, never wrong."""
-        assert self.round is not None
-        admission = self._admission
-        now = time.monotonic()
-        admission.tick(now)
-        if admission.at is None and now - admission.looked >= LOOK_S:
-            admission.looked = now
-            ahead = admission.steps_ahead()
-            if self.round.rank == 0 and ahead and int(self.store.add(keys.JOIN_REQUESTS, 0)) > admission.requests:
-                self.store.compare_set(keys.admit_at(self.round.number), "", str(step + ahead))
-            key = keys.admit_at(self.round.number)
-            if self.store.check([key]):
-                admission.at = int(self.store.get(key))
+        the workers waiting to join (the members then form the next round). No store operation: the heartbeat
+        thread reads the round's admission key on its own connection (:meth:`_look_for_admission`), and rank 0's
+        announces a step far enough ahead that every member has read it by then. A member that still misses it
+        fails its next collective (the others left the group) and joins the next round with them: late, never
+        wrong."""
+        current = self._admission
+        assert current is not None
+        admission = current[1]
+        admission.tick(time.monotonic(), step)
         return admission.at is not None and step >= admission.at
+
+    def _look_for_admission(self, store: dist.Store) -> None:
+        """From the heartbeat thread, each beat: rank 0 announces the admitting step when a worker asked to join;
+        every member reads the announcement."""
+        current = self._admission
+        if current is None or current[1].at is not None:
+            return
+        round_, admission = current
+        key = keys.admit_at(round_.number)
+        ahead = admission.steps_ahead()
+        if round_.rank == 0 and ahead is not None and int(store.add(keys.JOIN_REQUESTS, 0)) > admission.requests:
+            store.compare_set(key, "", str(admission.step + ahead))
+        if store.check([key]):
+            admission.at = int(store.get(key))
 
 
 @dataclass
 class Admission:
     """A member's view of its round's admission: the join requests counted when the round formed, the step whose
-    boundary admits (once read), when the key was last read, and the step time (rank 0 announces ahead by it)."""
+    boundary admits (once read), and the training's last committed step and step time (rank 0 announces ahead by
+    them). The training thread writes ``step``; the heartbeat thread writes ``at``."""
 
     requests: int = 0
     at: int | None = None
-    looked: float = 0.0
+    step: int = 0
     step_seconds: float | None = None  # a moving average of the time between boundaries; None before two
     _last: float | None = None
 
-    def tick(self, now: float) -> None:
+    def tick(self, now: float, step: int) -> None:
         if self._last is not None:
             seconds = now - self._last
             self.step_seconds = seconds if self.step_seconds is None else 0.8 * self.step_seconds + 0.2 * seconds
-        self._last = now
+        self._last, self.step = now, step
 
     def steps_ahead(self) -> int | None:
-        """How many steps ahead to announce the admitting boundary so that every member reads it first (None: the
-        step time is not known yet)."""
+        """How many steps ahead to announce the admitting boundary so that every member's heartbeat thread has
+        read it first (None: the step time is not known yet): two beats' worth, and two steps more."""
         if self.step_seconds is None:
             return None
-        return 2 + math.ceil(2 * LOOK_S / max(self.step_seconds, 1e-4))
+        return 2 + math.ceil(2 * HEARTBEAT_S / max(self.step_seconds, 1e-4))
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,101 @@
+"""What elastic training costs per step: the elastic commit against a plain ``optimizer.step()``, in one job, steps
+interleaved, in the namespace lab (4 hosts, or 3 for 3 ranks, at 10 Gbit/s), with prescribed 100 ms of compute per
+step so that 16 ranks fit on 2 cores (the ranks sleep, they do not spin). Reports, per world size, the medians of
+both kinds of step, the overhead, the store's key count at the end, and the CPU used (headroom).
+
+    python -m bench.elastic_overhead --ranks 3 8 16 --runs 3
+
+The model to 256 ranks: elastic's per-step work is local (no store operation) except one read of the round's
+admission key every ``LOOK_S`` (0.1 s) per rank; at N ranks the store serves N / LOOK_S reads a second, and each
+rank's read costs it one store round trip, so the overhead per step is that round trip times the fraction of steps
+that read, whatever N: the model's figure is the measured round trip (``--probe``) at 256 ranks' load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from bench import netlab
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _cpu_seconds() -> float:
+    fields = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
+    user, nice, system = (int(v) for v in fields[:3])
+    return (user + nice + system) / os.sysconf("SC_CLK_TCK")
+
+
+def run_once(ranks: int, steps: int, compute_s: float, source: Path = ROOT) -> dict:
+    hosts = 3 if ranks == 3 else 4
+    per_host = ranks // hosts
+    out = Path(tempfile.mkdtemp(prefix="gsoverhead"))
+    with netlab.lab(hosts=hosts, rate="10gbit", prefix="gsoverhead") as lab:
+        procs = []
+        for host in lab:
+            env = {k: v for k, v in os.environ.items() if not k.startswith(("RANK", "WORLD_SIZE", "MASTER_", "LOCAL_"))}
+            env.update(GLOO_SOCKET_IFNAME=host.interface, PYTHONPATH=str(source), OMP_NUM_THREADS="1")
+            env.update(STEPS=str(steps), COMPUTE_S=str(compute_s))
+            argv = [sys.executable, "-m", "gradsync", "run", "--elastic", "--nnodes", str(hosts)]
+            argv += ["--nproc-per-node", str(per_host), "--rdzv-endpoint", f"{lab[0].address}:29660"]
+            argv += ["--local-addr", host.address, str(ROOT / "bench" / "elastic_overhead_worker.py"), str(out)]
+            command = host.command(["env", *[f"{k}={v}" for k, v in env.items()], *argv])
+            procs.append(
+                subprocess.Popen(command, cwd=source, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            )
+        cpu_before, wall_before = _cpu_seconds(), time.monotonic()
+        try:
+            logs = [p.communicate(timeout=600)[0] for p in procs]
+        finally:
+            for p in procs:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(p.pid, signal.SIGKILL)
+        cpu = (_cpu_seconds() - cpu_before) / (time.monotonic() - wall_before) / os.cpu_count()
+    results = [json.loads(p.read_text()) for p in sorted(out.glob("*.json"))]
+    assert len(results) == ranks, "\n".join(log[-2000:] for log in logs)
+    assert all(r["recoveries"] == 0 for r in results), "a membership change during the measurement"
+    rank0 = results[0]
+    elastic_s = statistics.median(rank0["elastic"][2:])  # past the first steps (group warm-up)
+    plain_s = statistics.median(rank0["plain"][2:])
+    return {"elastic_ms": elastic_s * 1e3, "plain_ms": plain_s * 1e3, "cpu": cpu}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.elastic_overhead", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--ranks", type=int, nargs="+", default=[3, 8, 16])
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--compute", type=float, default=0.1, help="prescribed compute per step, seconds")
+    parser.add_argument("--source", type=Path, default=ROOT, help="the gradsync checkout to run (before/after)")
+    args = parser.parse_args(argv)
+    if netlab.available() is not None:
+        print(f"skipped: {netlab.available()}")
+        return 1
+    print("| ranks | elastic step (ms) | plain step (ms) | overhead (ms) | overhead | CPU used |")
+    print("|---:|---:|---:|---:|---:|---:|")
+    for ranks in args.ranks:
+        rows = [run_once(ranks, args.steps, args.compute, args.source.resolve()) for _ in range(args.runs)]
+        overheads = [r["elastic_ms"] - r["plain_ms"] for r in rows]
+        med = statistics.median
+        print(
+            f"| {ranks} | {med(r['elastic_ms'] for r in rows):.2f} | {med(r['plain_ms'] for r in rows):.2f} | "
+            f"{med(overheads):+.2f} ({', '.join(f'{o:+.2f}' for o in overheads)}) | "
+            f"{med(overheads) / med(r['plain_ms'] for r in rows):+.1%} | {med(r['cpu'] for r in rows):.0%} |",
+            flush=True,
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
