@@ -1,6 +1,6 @@
 """One rank of ``python -m bench.elastic_overhead``, started by ``gradsync run --elastic``: STEPS steps of a tiny
-model whose compute is prescribed (a sleep of COMPUTE_S, so 16 ranks fit on 2 cores), alternating the elastic
-commit (``state.step()``) with a plain ``optimizer.step()`` of the same step, and writing each step's
+model whose compute is prescribed (a sleep of COMPUTE_S, so 16 ranks fit on 2 cores), alternating blocks of steps
+with the elastic commit (``state.step()``) and blocks with a plain ``optimizer.step()``, and writing each step's
 boundary-to-boundary time, by kind, to ``<out>/<rank>.json``."""
 
 import json
@@ -17,6 +17,7 @@ from gradsync import elastic
 
 out = Path(sys.argv[1])
 steps, compute_s = int(os.environ.get("STEPS", "60")), float(os.environ.get("COMPUTE_S", "0.1"))
+BLOCK = 5
 torch.set_num_threads(1)
 job = elastic.init(timeout=30)
 torch.manual_seed(0)
@@ -38,7 +39,9 @@ def train(state):
         time.sleep(compute_s)  # the prescribed compute
         state.optimizer.zero_grad()
         state.model(x).square().mean().backward()
-        kind = "elastic" if i % 2 == 0 else "plain"
+        # Blocks of BLOCK steps of each kind: a step's cost can move into the next one (the ranks' skew), so only
+        # steps inside a block of their kind are kept (the first of each block is the transition).
+        kind = "elastic" if (i // BLOCK) % 2 == 0 else "plain"
         if kind == "elastic":
             state.step()
         else:  # the same step without the elastic commit
@@ -46,7 +49,8 @@ def train(state):
             state.loader.commit()
             state.steps += 1
         now = time.perf_counter()
-        times[kind].append(now - last)
+        if i % BLOCK:
+            times[kind].append(now - last)
         last = now
     return True
 

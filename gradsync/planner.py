@@ -151,6 +151,7 @@ def timeline_from_trace(path: str | Path) -> Timeline:
 def timeline_from_profile(layers: Sequence[tuple[int, float, float]], optimizer_s: float = 0.0) -> Timeline:
     """From ``(grad bytes, forward s, backward s)`` per layer, in forward order: backward runs them in reverse and
     each layer's gradients are ready when its backward ends."""
+    _check_profile(layers)
     forward = sum(f for _, f, _ in layers)
     clock, grad_bytes, ready = 0.0, [], []
     for nbytes, _, backward in reversed(layers):
@@ -158,6 +159,17 @@ def timeline_from_profile(layers: Sequence[tuple[int, float, float]], optimizer_
         grad_bytes.append(nbytes)
         ready.append(clock)
     return Timeline(forward, clock, optimizer_s, grad_bytes, ready)
+
+
+def _check_profile(layers: Sequence[Sequence[float]]) -> None:
+    if not layers:
+        raise ConfigError("--profile: the list of layers is empty; give [grad bytes, forward s, backward s] per layer")
+    for i, layer in enumerate(layers):
+        if len(layer) != 3 or any(not isinstance(v, (int, float)) or v < 0 for v in layer):
+            raise ConfigError(
+                f"--profile: layer {i} is {list(layer)}; each layer must be [grad bytes, forward s, backward s], "
+                "three numbers >= 0"
+            )
 
 
 # ------------------------------------------------------------------------------------------------ CLI
@@ -195,6 +207,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--hierarchical", action="store_true", help="a topology-aware all-reduce (NCCL)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     args = parser.parse_args(argv)
+    if any(h < 1 for h in args.hosts):
+        raise ConfigError(f"--hosts: every count of hosts must be >= 1, got {args.hosts}")
+    if args.ranks_per_host < 1:
+        raise ConfigError(f"--ranks-per-host must be >= 1, got {args.ranks_per_host}")
     timeline = _timeline(args)
     rows = []
     for hosts in args.hosts:

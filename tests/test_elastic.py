@@ -218,6 +218,37 @@ def test_the_store_does_not_grow_with_the_steps(tmp_path: Path) -> None:
     """Elastic touches the store per membership change, not per step: after 2,000 steps it holds as many keys as
     after 200 (each step wrote N + 1 keys that were never deleted before)."""
     import json
+
+    _run_elastic_on_loopback([str(ROOT / "tests" / "scripts" / "elastic_keys.py"), str(tmp_path)], ROOT, STEPS="2000")
+    for path in sorted(tmp_path.glob("*.keys")):
+        early, late = json.loads(path.read_text())
+        assert late == early, f"{path.name}: {early} keys after 200 steps, {late} after 2,000"
+
+
+@pytest.mark.timeout(240)
+def test_the_readmes_elastic_example_runs_as_written(tmp_path: Path) -> None:
+    """The snippet of README's "Surviving failures" section, verbatim, after the migration section's import and the
+    names it assumes (a model, a dataset, a loss, a number of epochs), under `gradsync run --elastic`."""
+    readme = (ROOT / "README.md").read_text()
+    section = readme[readme.index("## Surviving failures without a restart") :]
+    snippet = section.split("```python\n", 1)[1].split("```", 1)[0]
+    preamble = (
+        "import torch, gradsync\n"
+        "from torch import nn\n"
+        "from torch.utils.data import TensorDataset\n"
+        "torch.manual_seed(0)\n"
+        "model = nn.Linear(8, 1)\n"
+        "dataset = TensorDataset(torch.randn(256, 8), torch.randn(256, 1))\n"
+        "loss_fn = nn.functional.mse_loss\n"
+        "epochs = 2\n"
+    )
+    script = tmp_path / "train.py"
+    script.write_text(preamble + snippet)
+    _run_elastic_on_loopback([str(script)], tmp_path)
+
+
+def _run_elastic_on_loopback(script_and_args: list[str], cwd: Path, **env: str) -> None:
+    """``gradsync run --elastic`` with 2 workers on this host, on a free port; it must end well."""
     import os
     import socket
     import subprocess
@@ -226,10 +257,30 @@ def test_the_store_does_not_grow_with_the_steps(tmp_path: Path) -> None:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     argv = [sys.executable, "-m", "gradsync", "run", "--elastic", "--nnodes", "1", "--nproc-per-node", "2"]
-    argv += ["--rdzv-endpoint", f"127.0.0.1:{port}", str(ROOT / "tests" / "scripts" / "elastic_keys.py"), str(tmp_path)]
-    env = dict(os.environ, PYTHONPATH=str(ROOT), GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1", STEPS="2000")
-    done = subprocess.run(argv, env=env, cwd=ROOT, capture_output=True, text=True, timeout=200)
+    argv += ["--rdzv-endpoint", f"127.0.0.1:{port}", *script_and_args]
+    variables = {k: v for k, v in os.environ.items() if not k.startswith(("RANK", "WORLD_SIZE", "MASTER_"))}
+    variables.update(PYTHONPATH=str(ROOT), GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1", **env)
+    done = subprocess.run(argv, env=variables, cwd=cwd, capture_output=True, text=True, timeout=200)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    for path in sorted(tmp_path.glob("*.keys")):
-        early, late = json.loads(path.read_text())
-        assert late == early, f"{path.name}: {early} keys after 200 steps, {late} after 2,000"
+
+
+def test_a_worker_that_dies_before_registering_leaves_no_one_waiting() -> None:
+    """The first worker waits for every number taken to register for round 1; one that took its number and died
+    before registering (its heartbeat never moves) is left out after the heartbeat timeout, not waited for."""
+    import time
+
+    import torch.distributed as dist
+
+    from gradsync.elastic import keys
+    from gradsync.elastic.membership import Membership, Timeouts
+
+    store = dist.HashStore()
+    first = Membership(store, store, Timeouts(heartbeat=0.75, collective=0.75, admission=5))
+    try:
+        store.add(keys.SEQUENCE, 1)  # worker 2 takes its number, then dies
+        start = time.monotonic()
+        round_ = first.first_round(expected=2, seconds=30)
+        assert round_.members == [1]
+        assert time.monotonic() - start < 5, "worker 1 waited for a worker that will never register"
+    finally:
+        first.stop()

@@ -53,9 +53,9 @@ class QuantizedState:
     def __post_init__(self) -> None:
         self.comm = Communicator(self.process_group)
         if self.bits not in (4, 8):
-            raise ValueError(f"QuantizedState: bits must be 8 or 4, got {self.bits}")
+            raise ValueError(f"QuantizedState: bits must be 8 or 4 (an int), got {self.bits!r}")
         if self.block < 1:
-            raise ValueError(f"QuantizedState: block must be >= 1 value per scale, got {self.block}")
+            raise ValueError(f"QuantizedState: block must be an int >= 1 (values per scale), got {self.block!r}")
 
     @property
     def levels(self) -> int:

@@ -59,7 +59,11 @@ def verify_same_model(
 def _mismatch(rank: int, reference: Sequence[Signature], theirs: Sequence[Signature], everyone: list) -> str:
     pos = next(p for p in range(max(len(reference), len(theirs))) if _at(reference, p) != _at(theirs, p))
     a, b = _at(reference, pos), _at(theirs, pos)
-    kind = (a or b)[0]  # type: ignore[index]
+    # Settings follow the model's tensors, so one rank's extra buffer meets the other's first setting: the model
+    # differs there (the kind that comes first), and the setting stands for "nothing there".
+    kinds = {sig[0] for sig in (a, b) if sig is not None}
+    kind = next(k for k in ("parameter", "buffer", "setting") if k in kinds)
+    a, b = (sig if sig is not None and sig[0] == kind else None for sig in (a, b))
     number = sum(1 for sig in reference[:pos] if sig[0] == kind)
     same = [r for r, sig in enumerate(everyone) if sig == reference]
     counts = f"{_count(reference, kind)} vs {_count(theirs, kind)} {kind}s"

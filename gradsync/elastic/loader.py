@@ -39,6 +39,12 @@ class ElasticLoader:
     ) -> None:
         if not isinstance(batch_size, int) or batch_size < 1:
             raise ConfigError(f"ElasticLoader: batch_size must be an int >= 1, got {batch_size!r}")
+        if not (hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__")):
+            raise ConfigError(
+                f"ElasticLoader: dataset must have a length and be indexable (a map-style dataset: a list, a "
+                f"TensorDataset, a torch Dataset with __len__), got {type(dataset).__name__}: the loader splits each "
+                "epoch by sample index, so that a membership change resumes exactly where the group was"
+            )
         self.dataset = dataset
         self.batch_size = batch_size
         self.seed = seed

@@ -62,7 +62,22 @@ class State:
         self, job: Membership, model: Any, optimizer: torch.optim.Optimizer, loader: ElasticLoader, **counters: Any
     ) -> None:
         from gradsync.optim.overlapped import OverlappedOptimizer
+        from gradsync.validate import require_ddp
 
+        if not isinstance(job, Membership):
+            raise ConfigError(
+                f"elastic.State: job must be what gradsync.elastic.init() returned, got {type(job).__name__}"
+            )
+        require_ddp("elastic.State (model)", model)
+        if not isinstance(optimizer, torch.optim.Optimizer):
+            raise ConfigError(
+                f"elastic.State: optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}"
+            )
+        if not isinstance(loader, ElasticLoader):
+            raise ConfigError(
+                f"elastic.State: loader must be a gradsync.elastic.ElasticLoader (it resumes each epoch at the "
+                f"committed position after a membership change), got {type(loader).__name__}"
+            )
         if isinstance(optimizer, OverlappedOptimizer):
             raise ConfigError(
                 "elastic training cannot use OverlappedOptimizer: it steps each bucket during backward, before the "

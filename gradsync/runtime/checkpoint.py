@@ -25,8 +25,9 @@ from gradsync.collectives.communicator import Communicator, Op
 from gradsync.collectives.peer_errors import post_error
 from gradsync.errors import CheckpointError, ConfigError
 
-# Every rank must call save: the ones that arrive wait this long for the others before failing by name.
-ARRIVAL_SECONDS = 60.0
+# Every rank must call save: the ones that arrive wait for the others, as long as a collective may take (the process
+# group's timeout: GRADSYNC_TIMEOUT under gradsync.init), before failing by name; a number here overrides it.
+ARRIVAL_SECONDS: float | None = None
 _RNG_KEY = "_gradsync_rng"
 _KINDS_KEY = "_gradsync_kinds"
 
@@ -130,7 +131,8 @@ def save(path: str | os.PathLike, process_group: dist.ProcessGroup | None = None
             payload[key], kinds[key] = value, "value"
     comm = Communicator(process_group) if dist.is_initialized() else None
     if comm is not None:
-        comm.expect_everyone(Op.CHECKPOINT_RNG, ARRIVAL_SECONDS, "gradsync.checkpoint.save")
+        arrival = ARRIVAL_SECONDS or comm.timeout_seconds()
+        comm.expect_everyone(Op.CHECKPOINT_RNG, arrival, "gradsync.checkpoint.save")
     rngs = comm.all_gather_object(Op.CHECKPOINT_RNG, rng_state()) if comm is not None else [rng_state()]
     payload[_RNG_KEY], payload[_KINDS_KEY] = rngs, kinds
     if comm is None or comm.rank == 0:
