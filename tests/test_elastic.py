@@ -102,6 +102,17 @@ def test_a_comm_hook_and_a_monitor_survive_a_kill_and_the_rejoin(tmp_path: Path)
 
 
 @needs_lab
+@pytest.mark.timeout(420)
+def test_a_loop_kept_in_its_own_shape_survives_a_kill_and_the_rejoin(tmp_path: Path) -> None:
+    """state.guard() instead of @elastic.run: the same guarantees, the user's loop unchanged in shape."""
+    run = scenario(tmp_path, "sigkill", env={"LOOP": "guard"})
+    check_exactly_once(run["out"], killed=1)
+    ended = finals(run["out"])
+    assert len(ended) == HOSTS
+    assert len({round(f["checksum"], 6) for f in ended if f["steps"] == max(g["steps"] for g in ended)}) == 1
+
+
+@needs_lab
 @pytest.mark.lab
 @pytest.mark.timeout(420)
 @pytest.mark.parametrize("hook", ["bf16", "diloco"])
@@ -226,12 +237,18 @@ def test_the_store_does_not_grow_with_the_steps(tmp_path: Path) -> None:
 
 
 @pytest.mark.timeout(240)
-def test_the_readmes_elastic_example_runs_as_written(tmp_path: Path) -> None:
-    """The snippet of README's "Surviving failures" section, verbatim, after the migration section's import and the
-    names it assumes (a model, a dataset, a loss, a number of epochs), under `gradsync run --elastic`."""
+@pytest.mark.parametrize("block", [0, 1], ids=["run", "guard"])
+def test_the_readmes_elastic_examples_run_as_written(tmp_path: Path, block: int) -> None:
+    """The snippets of README's "Surviving failures" section, verbatim, after the migration section's import and
+    the names they assume (a model, a dataset, a loss, a number of epochs), under `gradsync run --elastic`. The
+    second (guard) replaces the first's last lines: it starts from the same job, model, optimizer and loader."""
     readme = (ROOT / "README.md").read_text()
     section = readme[readme.index("## Surviving failures without a restart") :]
-    snippet = section.split("```python\n", 1)[1].split("```", 1)[0]
+    section = section[: section.index("\n## ")]
+    blocks = [part.split("```", 1)[0] for part in section.split("```python\n")[1:]]
+    assert len(blocks) == 2, "README's elastic section should hold the @run and the guard examples"
+    setup = blocks[0][: blocks[0].index("@gradsync.elastic.run")]  # init, model, optimizer, loader
+    snippet = blocks[0] if block == 0 else setup + blocks[1]
     preamble = (
         "import torch, gradsync\n"
         "from torch import nn\n"

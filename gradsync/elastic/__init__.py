@@ -38,7 +38,17 @@ from gradsync.elastic.membership import JobFinished, Membership, MembershipChang
 from gradsync.elastic.state import MAX_FUTILE_RECOVERIES, REJOIN_VARIABLE, Recovery, State, run
 from gradsync.errors import GradsyncError
 
-__all__ = ["ElasticLoader", "Membership", "MembershipChanged", "Recovery", "State", "Timeouts", "init", "run"]
+__all__ = [
+    "ElasticLoader",
+    "JobFinished",
+    "Membership",
+    "MembershipChanged",
+    "Recovery",
+    "State",
+    "Timeouts",
+    "init",
+    "run",
+]
 
 
 def init(

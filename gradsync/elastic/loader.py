@@ -54,6 +54,7 @@ class ElasticLoader:
         self.position = 0  # samples of this epoch consumed by committed steps (all ranks together)
         self.last_indices: list[int] = []  # what this rank's last batch held
         self._step_size = 0  # samples the step in progress takes (all ranks), committed by commit()
+        self._generation = 0  # bumped by load_state_dict (a membership change): iterations resume from position
 
     def order(self) -> list[int]:
         n = len(self.dataset)
@@ -72,13 +73,18 @@ class ElasticLoader:
         return order[start : start + size], step
 
     def __iter__(self) -> Iterator[Any]:
-        world, rank = (dist.get_world_size(), dist.get_rank()) if dist.is_initialized() else (1, 0)
-        cursor = self.position
-        while cursor < len(self.dataset):
+        generation = -1
+        cursor = world = rank = 0
+        while True:
+            if generation != self._generation:  # a membership change: resume at the committed position
+                generation, cursor = self._generation, self.position
+                world, rank = (dist.get_world_size(), dist.get_rank()) if dist.is_initialized() else (1, 0)
+            if cursor >= len(self.dataset):
+                return
             indices, step = self.share(cursor, world, rank)
             self.last_indices, self._step_size = indices, step
             yield self.collate_fn([self.dataset[i] for i in indices])  # type: ignore[index]
-            cursor += step  # after a failure, iteration starts again from the committed position
+            cursor += step
 
     def commit(self) -> None:
         """The step in progress is done everywhere: its samples are consumed."""
@@ -100,3 +106,5 @@ class ElasticLoader:
         if state.get("dataset_len") != len(self.dataset) or state.get("seed") != self.seed:
             raise ConfigError("ElasticLoader.load_state_dict: the state is for another dataset or seed")
         self.epoch, self.position = int(state["epoch"]), int(state["position"])
+        self._step_size = 0
+        self._generation += 1

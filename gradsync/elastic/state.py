@@ -18,10 +18,11 @@ Prior art: Horovod Elastic's ``State.commit()``/``run`` and torchft's per-step q
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -88,6 +89,7 @@ class State:
         self.steps = 0  # committed steps
         self.recoveries: list[Recovery] = []
         self._futile, self._recovered_at = 0, -1
+        self._started = False  # begin() ran start() (a joiner receives the state there)
         self._sharded = hasattr(optimizer, "reshard")  # ShardedOptimizer: its state is re-partitioned
 
     def __getattr__(self, name: str) -> Any:
@@ -118,6 +120,58 @@ class State:
         self._recovered_at = self.steps
         if self._futile > MAX_FUTILE_RECOVERIES:
             raise GradsyncError(f"{self._futile} membership changes without a committed step: giving up") from failure
+
+    # ----------------------------------------------------------------------- your own loop's shape
+    def begin(self) -> None:
+        """Before a loop of :meth:`guard` blocks: a worker admitted into a running job receives the members' state
+        here (``state.epoch`` and your other counters among it), so call it before reading them. Raises
+        :class:`JobFinished` on a worker the job did not need."""
+        if self.job.finished_without_me:
+            raise JobFinished("the job finished before this worker could join")
+        if self._started:
+            return
+        self._started = True
+        try:
+            self.start()
+        except RECOVERABLE as exc:
+            self._recover_or_finish(exc)
+
+    @contextlib.contextmanager
+    def guard(self) -> Iterator[None]:
+        """Keep your training loop's own shape instead of decorating it with :func:`run` (torchft's style: its
+        ``should_commit`` and optimizer wrapper): a membership change inside the block is recovered here, the
+        step in progress dropped, and ``state.loader`` resumes at the committed position.
+
+        Example::
+
+            state.begin()                       # a joiner receives the state (state.epoch too) here
+            for epoch in range(state.epoch, epochs):
+                state.loader.set_epoch(epoch)
+                for x, y in state.loader:
+                    with state.guard():
+                        state.optimizer.zero_grad()
+                        loss_fn(state.model(x), y).backward()
+                        state.step()
+                state.epoch = epoch + 1
+            state.finish()
+
+        The trade-off: :func:`run` calls your function again after a change, so every variable in it is rebuilt
+        from ``state``; with ``guard`` your loop goes on, so keep what must survive a change in ``state``'s
+        counters (the members' are rank 0's after a change, and a joiner receives them in :meth:`begin`).
+        """
+        self.begin()
+        try:
+            yield
+        except RECOVERABLE as exc:
+            self._recover_or_finish(exc)
+
+    def _recover_or_finish(self, failure: BaseException) -> None:
+        if not _recover(self, failure):
+            raise JobFinished("this worker was left out, and the others finished before it could join again")
+
+    def finish(self) -> None:
+        """The training loop ended (with :meth:`guard`): tell the job, so the store's host may close."""
+        self.job.finished()
 
     # ------------------------------------------------------------------------------------- membership
     def start(self) -> None:

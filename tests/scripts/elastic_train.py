@@ -50,35 +50,57 @@ if os.environ.get("HOOK") in ("counting", "bf16"):
 monitor = gradsync.observe.Monitor(ddp, opt) if os.environ.get("MONITOR") else None
 
 
+def one_step(state, epoch, xb, yb):
+    state.optimizer.zero_grad()
+    # SLEEP_AT=forward: the step's time is spent before backward, so a kill lands there and the survivors
+    # learn of it from a failed all-reduce; by default after it.
+    before_backward = os.environ.get("SLEEP_AT") == "forward"
+    loss = nn.functional.mse_loss(state.model(xb), yb)
+    time.sleep(float(os.environ.get("STEP_SLEEP", "0")) if before_backward else 0)
+    loss.backward()
+    time.sleep(0 if before_backward else float(os.environ.get("STEP_SLEEP", "0")))
+    indices, before, position = list(state.loader.last_indices), state.steps, state.loader.position
+    rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
+    try:
+        state.step()
+        if diloco is not None:
+            diloco.step()
+    finally:  # a step can be committed and then raise (to admit a joiner): it still counts
+        if state.steps > before:
+            record = {"epoch": epoch, "position": position, "indices": indices, "t": time.time()}
+            events.write(json.dumps(record | {"step": state.steps, "rank": rank, "world": world}) + "\n")
+            events.flush()
+
+
+EPOCHS = int(os.environ.get("EPOCHS", "3"))
+
+
 @elastic.run
 def train(state):
-    for epoch in range(state.epoch, int(os.environ.get("EPOCHS", "3"))):
+    for epoch in range(state.epoch, EPOCHS):
         state.loader.set_epoch(epoch)
         for xb, yb in state.loader:
-            state.optimizer.zero_grad()
-            # SLEEP_AT=forward: the step's time is spent before backward, so a kill lands there and the survivors
-            # learn of it from a failed all-reduce; by default after it, where the step's agreement learns of it.
-            before_backward = os.environ.get("SLEEP_AT") == "forward"
-            loss = nn.functional.mse_loss(state.model(xb), yb)
-            time.sleep(float(os.environ.get("STEP_SLEEP", "0")) if before_backward else 0)
-            loss.backward()
-            time.sleep(0 if before_backward else float(os.environ.get("STEP_SLEEP", "0")))
-            indices, before, position = list(state.loader.last_indices), state.steps, state.loader.position
-            rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
-            try:
-                state.step()
-                if diloco is not None:
-                    diloco.step()
-            finally:  # a step can be committed and then raise (to admit a joiner): it still counts
-                if state.steps > before:
-                    record = {"epoch": epoch, "position": position, "indices": indices, "t": time.time()}
-                    events.write(json.dumps(record | {"step": state.steps, "rank": rank, "world": world}) + "\n")
-                    events.flush()
+            one_step(state, epoch, xb, yb)
         state.epoch = epoch + 1
 
 
+def train_in_its_own_loop(state):
+    """LOOP=guard: the same training, the loop's own shape kept with state.guard()."""
+    try:
+        state.begin()
+        for epoch in range(state.epoch, EPOCHS):
+            state.loader.set_epoch(epoch)
+            for xb, yb in state.loader:
+                with state.guard():
+                    one_step(state, epoch, xb, yb)
+            state.epoch = epoch + 1
+        state.finish()
+    except elastic.JobFinished:
+        sys.exit(0)
+
+
 state = elastic.State(job, model=ddp, optimizer=opt, loader=loader, epoch=0)
-train(state)
+train_in_its_own_loop(state) if os.environ.get("LOOP") == "guard" else train(state)
 if job.finished_without_me:  # (re)started after the others finished: it trained nothing, so it reports nothing
     sys.exit(0)
 with torch.no_grad():
