@@ -1,5 +1,6 @@
 """An elastic job of many fast steps (``gradsync run --elastic``): writes the job store's key count after 200
-steps and a second, and at the end into argv[1]/<rank>.keys, so a test can check the store does not grow with the steps."""
+steps and a second, and at the end, into argv[1]/<rank>.keys, so a test can check the store does not grow with
+the steps."""
 
 import json
 import os
