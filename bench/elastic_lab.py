@@ -88,7 +88,9 @@ def check_exactly_once(out: Path, epochs: int = EPOCHS, killed: int = 0) -> None
 
     A worker SIGKILLed after its step committed but before it wrote the line leaves a hole in the record, not in
     the training: such a step (the other ranks recorded it with a world size larger than the ranks recorded) gets
-    the missing ranks' shares from the loader's own partition. At most ``killed`` (the kills injected) are filled.
+    the missing ranks' shares from the loader's own partition. So does a survivor whose all-reduce failed in a step
+    another member committed: the next round takes that member's state, so the step counts on every member (its
+    gradients were everyone's), though this one never recorded it. At most ``HOSTS - 1`` per kill injected.
     """
     events = events_of(out) + unrecorded_shares(events_of(out), killed)
     for epoch in range(epochs):
@@ -106,7 +108,8 @@ def unrecorded_shares(events: list[dict], killed: int) -> list[dict]:
         loader.set_epoch(epoch)
         missing = sorted(set(range(world)) - {e["rank"] for e in recorded})
         filled += [{"epoch": epoch, "indices": loader.share(position, world, r)[0]} for r in missing]
-    assert len(filled) <= killed, f"{len(filled)} ranks' committed steps unrecorded, {killed} kills injected"
+    allowed = killed * (HOSTS - 1)
+    assert len(filled) <= allowed, f"{len(filled)} ranks' committed steps unrecorded, {killed} kills injected"
     return filled
 
 
