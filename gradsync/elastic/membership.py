@@ -136,12 +136,15 @@ class Membership:
         if self.me == 1:
             wait_until(lambda: self._arrived() >= expected, seconds)
             numbers = range(1, self._arrived() + 1)
-            registered = lambda s: self.store.check([keys.registered(1, s)])  # noqa: E731
+            registered = lambda s: self._registered(1, s)  # noqa: E731
             wait_until(lambda: all(registered(s) or not self.liveness.alive(s) for s in numbers), seconds)
             self.store.set(keys.members(1), json.dumps([s for s in numbers if registered(s)]))
             self.store.set(keys.requests(1), "0")
             self.store.set(keys.CURRENT_ROUND, "1")
         return self._enter(1, self._wait_for(keys.members(1), seconds + SETTLE_S + self.timeouts.heartbeat))
+
+    def _registered(self, number: int, member: int) -> bool:
+        return self.store.check([keys.registered(number, member)])
 
     def _arrived(self) -> int:
         return int(self.store.add(keys.SEQUENCE, 0))
@@ -214,7 +217,7 @@ class Membership:
         # Members keep their order and joiners come last, so rank 0 (whose state everyone receives) is a member that
         # lived through the change: a worker that was cut off and asks to join again keeps its old, low number.
         wanted = current + sorted(set(joiners) - set(current))
-        registered = lambda m: self.store.check([keys.registered(number, m)])  # noqa: E731
+        registered = lambda m: self._registered(number, m)  # noqa: E731
         # Known gone: its launcher saw it exit, or the member watching it saw its heartbeat stop.
         gone = {m for m in wanted if self.store.check([keys.exited(m)]) or self.store.check([keys.lost(m)])}
         alive = lambda m: m not in gone and self.liveness.alive(m)  # noqa: E731
