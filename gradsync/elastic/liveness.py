@@ -19,6 +19,7 @@ from collections.abc import Callable
 import torch.distributed as dist
 
 from gradsync.elastic import keys
+from gradsync.elastic.job_store import StoreHealth
 
 HEARTBEAT_S = 0.25
 _EXITED = -1  # the counter recorded for a member its launcher saw exit
@@ -49,6 +50,7 @@ class Liveness:
         self._seen: dict[int, tuple[int, float]] = {}  # member -> (last counter, when it last moved)
         self._watched: list[int] = []
         self._told: set[int] = set()  # members on_gone was called for
+        self.health = StoreHealth()  # this thread's store operations, judged: is the store lost?
         self._stop = threading.Event()
         self._beat = threading.Thread(target=self._heartbeat, args=(store,), name="gradsync-heartbeat")
         self._beat.daemon = True
@@ -56,9 +58,13 @@ class Liveness:
 
     def _heartbeat(self, store: dist.Store) -> None:
         """Bump this worker's counter and read the watched members' counters, every ``HEARTBEAT_S``."""
+        blind_since: float | None = None
         while not self._stop.wait(HEARTBEAT_S):
             try:
                 store.add(keys.beat(self.me), 1)
+                if blind_since is not None:
+                    self._forgive(time.monotonic() - blind_since)
+                    blind_since = None
                 for member in list(self._watched):
                     self._observe(member, int(store.add(keys.beat(member), 0)))
                     if store.check([keys.exited(member)]):  # its launcher saw it exit: no need to wait
@@ -66,8 +72,15 @@ class Liveness:
                     self._tell_if_gone(member)
                 if self._on_beat is not None:
                     self._on_beat(store)
-            except Exception:  # the store is out of reach (a link down): beat again once it is back
-                continue
+                self.health.ok()
+            except Exception as exc:  # the store is out of reach (a link down): beat again once it is back
+                blind_since = blind_since or time.monotonic()
+                self.health.failed(exc)
+
+    def _forgive(self, seconds: float) -> None:
+        """This thread could not read the store for ``seconds`` (an etcd election, this host's link): no member is
+        judged by that time, in which its beats could not land either."""
+        self._seen = {m: (count, moved + seconds) for m, (count, moved) in self._seen.items()}
 
     def _tell_if_gone(self, member: int) -> None:
         if self._on_gone is not None and member not in self._told and not self.alive(member):

@@ -31,12 +31,12 @@ import torch.distributed as dist
 
 from gradsync import settings
 from gradsync.collectives.peer_errors import post_gone
-from gradsync.elastic import keys
+from gradsync.elastic import job_store, keys
 from gradsync.elastic.liveness import HEARTBEAT_S, Liveness, mark_exited
 from gradsync.errors import GradsyncError
 from gradsync.polling import wait_until
 
-STORE_VARIABLE = "GRADSYNC_ELASTIC_STORE"  # host:port of the job's store, set by `gradsync run --elastic`
+STORE_VARIABLE = "GRADSYNC_ELASTIC_STORE"  # the job's store (host:port, or etcd://...), set by `gradsync run --elastic`
 WORKER_VARIABLE = "GRADSYNC_ELASTIC_WORKER"  # this process's id, so that its launcher can report its exit
 SETTLE_S = 1.0
 log = logging.getLogger("gradsync")
@@ -69,8 +69,9 @@ class Round:
 class Membership:
     """This worker's view of the job; ``connect()`` from the environment ``gradsync run --elastic`` sets."""
 
-    def __init__(self, store: dist.Store, beat_store: dist.Store, timeouts: Timeouts) -> None:
+    def __init__(self, store: dist.Store, beat_store: dist.Store, timeouts: Timeouts, where: str = "") -> None:
         self.store = store
+        self.where = where  # how the store was reached, for messages
         self.timeouts = timeouts
         self.me = store.add(keys.SEQUENCE, 1)
         if os.environ.get(WORKER_VARIABLE):
@@ -109,9 +110,8 @@ class Membership:
                 f"elastic training needs the job's store: start the job with `gradsync run --elastic ...` (it sets "
                 f"{STORE_VARIABLE})."
             )
-        host, port = where.rsplit(":", 1)
-        stores = [dist.TCPStore(host, int(port), is_master=False, timeout=datetime.timedelta(seconds=60)) for _ in "ab"]
-        return cls(stores[0], stores[1], timeouts)
+        # Two clients: the heartbeat thread never shares a connection with the training thread.
+        return cls(job_store.open_store(where), job_store.open_store(where), timeouts, where)
 
     def stop(self) -> None:
         self.liveness.stop()
@@ -302,6 +302,13 @@ class Membership:
         announces a step far enough ahead that every member has read it by then. A member that still misses it
         fails its next collective (the others left the group) and joins the next round with them: late, never
         wrong."""
+        lost = self.liveness.health.lost
+        if lost is not None:
+            raise GradsyncError(
+                f"worker {self.me} (rank {self.round.rank if self.round else '?'}): {job_store.describe(self.where)} "
+                f"is lost: {lost}. Without it the members cannot agree on any change, so training stops here; "
+                "restart the job from its last checkpoint once the store is back."
+            )
         current = self._admission
         assert current is not None
         admission = current[1]

@@ -5,11 +5,16 @@ torch elastic's process contexts (``torch.distributed.elastic.multiprocessing.st
 so that each can be restarted alone: a restarted worker gets ``GRADSYNC_ELASTIC_REJOIN=1`` and is admitted by the
 others at their next step boundary (gradsync/elastic).
 
-The node whose ``--local-addr`` is the rendezvous endpoint's host (or the only node) hosts the job's store, in this
-launcher process: the workers coordinate through it, so it outlives any of them. If that node is lost, the job
-cannot coordinate and ends: every other launcher sees its connection closed (or the store unreachable for
-``GRADSYNC_ELASTIC_STORE_LOST_SECONDS``), stops its workers instead of restarting them against a store that is
-gone, says so in one line, and exits. Restart the job from a checkpoint.
+Where the job's coordination state lives:
+
+- by default, the node whose ``--local-addr`` is the rendezvous endpoint's host (or the only node) hosts the job's
+  store, in this launcher process: the workers coordinate through it, so it outlives any of them. If that node is
+  lost, the job cannot coordinate and ends: every other launcher sees its connection closed (or the store
+  unreachable for ``GRADSYNC_ELASTIC_STORE_LOST_SECONDS``), stops its workers instead of restarting them against a
+  store that is gone, says so in one line, and exits. Restart the job from a checkpoint.
+- with ``--store etcd://h1:2379,h2:2379,h3:2379``, on an etcd cluster (under ``gradsync/<--rdzv-id>/``): no
+  launcher holds anything the job needs, so the job survives losing any one host, the one that started it
+  included. Only the etcd cluster losing its quorum ends it, in the same way.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ from typing import Any
 import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std, start_processes
 
-from gradsync import settings
+from gradsync.elastic import job_store
 from gradsync.elastic.membership import (
     STORE_VARIABLE,
     WORKER_VARIABLE,
@@ -34,6 +39,7 @@ from gradsync.elastic.membership import (
     report_exit,
 )
 from gradsync.elastic.state import REJOIN_VARIABLE
+from gradsync.errors import ConfigError
 from gradsync.polling import wait_until
 
 
@@ -57,16 +63,18 @@ def _min_nodes(nnodes: str) -> int:
     return int(nnodes.split(":")[0])
 
 
-def _store(args: Any) -> tuple[str, int, dist.TCPStore | None]:
-    """(host, port, the store if this node hosts it)."""
+def _store(args: Any) -> tuple[str, dist.TCPStore | None]:
+    """(where the workers find the job's store, the store if this launcher serves it)."""
+    if args.store:
+        return job_store.etcd_url(args.store, args.rdzv_id), None
     host, _, port = args.rdzv_endpoint.rpartition(":")
     hosting = args.nnodes in ("1", "1:1") or host in ("localhost", "127.0.0.1", args.local_addr or "")
     if hosting:
         store = dist.TCPStore(
             host, int(port), is_master=True, wait_for_workers=False, timeout=datetime.timedelta(seconds=600)
         )
-        return host, store.port, store
-    return host, int(port), None
+        return f"{host}:{store.port}", store
+    return f"{host}:{port}", None
 
 
 def _start(worker: Worker, cmd: str, cmd_args: tuple, env: dict[str, str], log_dir: str) -> None:
@@ -87,12 +95,12 @@ def _start(worker: Worker, cmd: str, cmd_args: tuple, env: dict[str, str], log_d
 def run_elastic(args: Any, cmd: str, cmd_args: list[str]) -> int:
     """Start ``--nproc-per-node`` workers here, restart any that fails (up to ``--max-restarts`` each), and return
     once all have finished: 0 if every one ended well."""
-    host, port, store = _store(args)
+    where, store = _store(args)
     nproc = int(args.nproc_per_node)
     base = {k: v for k, v in os.environ.items() if not k.startswith(("RANK", "WORLD_SIZE", "MASTER_", "LOCAL_"))}
     base.update(
         {
-            STORE_VARIABLE: f"{host}:{port}",
+            STORE_VARIABLE: where,
             "WORLD_SIZE": str(_min_nodes(args.nnodes) * nproc),
             "LOCAL_WORLD_SIZE": str(nproc),
         }
@@ -100,10 +108,11 @@ def run_elastic(args: Any, cmd: str, cmd_args: list[str]) -> int:
     node = f"{args.local_addr or socket.gethostname()}:{os.getpid()}"
     workers = [Worker(r, node) for r in range(nproc)]
     # A short timeout: this launcher must keep restarting its workers while the store's host is unreachable.
-    client = store or dist.TCPStore(host, port, is_master=False, timeout=datetime.timedelta(seconds=5))
+    client = store or job_store.open_store(where, timeout=5.0)
+    job = Job(client, where, hosting=store is not None)
+    job.refuse_a_finished_name(args)
     for w in workers:
         _start(w, cmd, tuple(cmd_args), base, args.log_dir)
-    job = Job(client, f"{host}:{port}", hosting=store is not None)
     while not all(w.done for w in workers):
         time.sleep(0.2)
         job.look()
@@ -135,9 +144,8 @@ def _stop_without_store(workers: list[Worker], job: Job) -> int:
         if not w.done and w.context is not None:
             w.context.close()
     print(
-        f"gradsync run --elastic: the job's store at {job.where} (served by the launcher on the rendezvous host) is "
-        f"lost, {job.lost}; without it the workers cannot coordinate. Stopped this node's workers; restart the job "
-        "from its last checkpoint.",
+        f"gradsync run --elastic: {job_store.describe(job.where)} is lost: {job.health.lost}; without it the workers "
+        "cannot coordinate. Stopped this node's workers; restart the job from its last checkpoint.",
         file=sys.stderr,
         flush=True,
     )
@@ -150,11 +158,6 @@ def _wait_for_everyone(store: dist.TCPStore, seconds: float = 60.0) -> None:
         time.sleep(3.0)  # the other launchers look once a second: let them see the end
 
 
-# How a TCPStore client fails once the server's process is gone (the connection closed or reset). A link that is
-# down fails with timeouts instead, and may come back.
-_SERVER_GONE = ("connection was likely closed", "broken pipe", "connection reset", "connection refused")
-
-
 class Job:
     """What this launcher knows of the job through its store: whether the members finished (then a worker that
     exits is not restarted), looked up about once a second and remembered (the store closes after the end), and
@@ -164,11 +167,21 @@ class Job:
         self.store = store
         self.where = where
         self.done = False
-        self.lost: str | None = None
+        self.health = job_store.StoreHealth()
         self._hosting = hosting  # this launcher serves the store: it cannot lose it
         self._looked = 0.0
-        self._failing_since: float | None = None
-        self._unreachable_s = settings.read_seconds("GRADSYNC_ELASTIC_STORE_LOST_SECONDS", 60.0)
+
+    @property
+    def lost(self) -> str | None:
+        return self.health.lost
+
+    def refuse_a_finished_name(self, args: Any) -> None:
+        """An etcd store outlives the job: a job whose name finished there would see itself done at once."""
+        if job_store.is_etcd(self.where) and job_done(self.store):
+            raise ConfigError(
+                f"--rdzv-id {args.rdzv_id}: a job of this name already finished on {args.store}. Give this job a "
+                f"name of its own, or delete the old one's keys: etcdctl del --prefix gradsync/{args.rdzv_id}/"
+            )
 
     def look(self, again: bool = False) -> None:
         if self.done or self.lost or (time.monotonic() - self._looked < 1.0 and not again):
@@ -176,20 +189,10 @@ class Job:
         self._looked = time.monotonic()
         try:
             self.done = job_done(self.store)
-            self._failing_since = None
+            self.health.ok()
         except Exception as exc:  # the store's host is gone, or out of reach for now (a link down)
-            self._judge_failure(exc)
-
-    def _judge_failure(self, exc: Exception) -> None:
-        if self._hosting:
-            return
-        now = time.monotonic()
-        self._failing_since = self._failing_since or now
-        text = str(exc).lower()
-        if any(sign in text for sign in _SERVER_GONE):
-            self.lost = "its connection was closed (the process serving it ended)"
-        elif now - self._failing_since >= self._unreachable_s:
-            self.lost = f"unreachable for {self._unreachable_s:.0f}s (GRADSYNC_ELASTIC_STORE_LOST_SECONDS)"
+            if not self._hosting:
+                self.health.failed(exc)
 
     def report_exit(self, worker: Worker) -> None:
         try:

@@ -28,6 +28,8 @@ from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
 from torch.distributed.launcher.api import elastic_launch
 from torch.distributed.run import config_from_args, get_args_parser
 
+from gradsync.elastic.etcd_store import parse_endpoints
+from gradsync.elastic.job_store import is_etcd
 from gradsync.errors import ConfigError
 from gradsync.runtime import watchdog
 
@@ -50,6 +52,14 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="gradsync: survivors keep training when a worker fails; only that worker restarts and rejoins "
         "(the script uses gradsync.elastic)",
+    )
+    parser.add_argument(
+        "--store",
+        default=None,
+        metavar="etcd://HOST:PORT,...",
+        help="gradsync, with --elastic: keep the job's coordination state on this etcd cluster instead of in the "
+        "rendezvous host's launcher, so that the job survives losing any one host; the job's keys live under "
+        "gradsync/<--rdzv-id>/",
     )
     return parser
 
@@ -91,6 +101,7 @@ def _check_flags(args: argparse.Namespace) -> None:
     _check_nnodes(args.nnodes)
     if args.max_restarts < 0:
         raise ConfigError(f"--max-restarts {args.max_restarts}: give how many times to restart the job, >= 0.")
+    _check_store(args)
     if args.rdzv_endpoint:
         try:
             parse_rendezvous_endpoint(args.rdzv_endpoint, default_port=29400)
@@ -98,6 +109,24 @@ def _check_flags(args: argparse.Namespace) -> None:
             raise ConfigError(
                 f"--rdzv-endpoint {args.rdzv_endpoint}: {exc} Give HOST:PORT, e.g. node0:29400."
             ) from None
+
+
+def _check_store(args: argparse.Namespace) -> None:
+    if args.store is None:
+        return
+    if not args.elastic:
+        raise ConfigError(f"--store {args.store}: the job's store is elastic's; add --elastic, or drop --store.")
+    if not is_etcd(args.store) or "/" in args.store.removeprefix("etcd://"):
+        raise ConfigError(
+            f"--store {args.store}: give the etcd cluster's members, etcd://HOST:PORT,HOST:PORT,... (the job's "
+            "name comes from --rdzv-id)."
+        )
+    parse_endpoints(args.store)
+    if args.rdzv_id == "none":
+        raise ConfigError(
+            f"--store {args.store}: name the job with --rdzv-id NAME, the same on every node: its keys live under "
+            "gradsync/NAME/ in etcd, where they outlive the job, so each job needs a name of its own."
+        )
 
 
 def _check_nproc(value: str) -> None:
