@@ -26,29 +26,41 @@ from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 
-from bench import netlab
+from bench import etcd_cluster, netlab
 from gradsync.elastic import ElasticLoader
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLES, EPOCHS, HOSTS = 480, 3, 3
 
 
-def launch(lab: list, out: Path, env_extra: dict[str, str]) -> list[subprocess.Popen]:
-    procs = []
-    for host in lab:
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("RANK", "WORLD_SIZE", "MASTER_", "LOCAL_"))}
-        env.update(GLOO_SOCKET_IFNAME=host.interface, GRADSYNC_HOST=f"h{host.index}", PYTHONPATH=str(ROOT))
-        env.update(OMP_NUM_THREADS="1", **env_extra)
-        argv = [sys.executable, "-m", "gradsync", "run", "--elastic", "--nnodes", str(HOSTS), "--nproc-per-node", "1"]
-        argv += ["--max-restarts", "8", "--rdzv-endpoint", f"{lab[0].address}:29650", "--local-addr", host.address]
-        argv += [str(ROOT / "tests" / "scripts" / "elastic_train.py"), str(out)]
-        command = host.command(["env", *[f"{k}={v}" for k, v in env.items()], *argv])
-        procs.append(
-            subprocess.Popen(
-                command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
-            )
-        )
-    return procs
+def launch(lab: list, out: Path, env_extra: dict[str, str], store: str | None = None) -> list[subprocess.Popen]:
+    """One launcher per host. ``store``: ``--store``'s value (an etcd cluster), else h0's launcher serves it."""
+    return [launch_on(host, lab[0], out, env_extra, store) for host in lab]
+
+
+def launch_on(host, first, out: Path, env_extra: dict[str, str], store: str | None = None) -> subprocess.Popen:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RANK", "WORLD_SIZE", "MASTER_", "LOCAL_"))}
+    env.update(GLOO_SOCKET_IFNAME=host.interface, GRADSYNC_HOST=f"h{host.index}", PYTHONPATH=str(ROOT))
+    env.update(OMP_NUM_THREADS="1", **env_extra)
+    argv = [sys.executable, "-m", "gradsync", "run", "--elastic", "--nnodes", str(HOSTS), "--nproc-per-node", "1"]
+    argv += ["--max-restarts", "8", "--rdzv-endpoint", f"{first.address}:29650", "--local-addr", host.address]
+    if store:
+        argv += ["--store", store, "--rdzv-id", f"lab-{out.name}"]
+    argv += [str(ROOT / "tests" / "scripts" / "elastic_train.py"), str(out)]
+    command = host.command(["env", *[f"{k}={v}" for k, v in env.items()], *argv])
+    return subprocess.Popen(
+        command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
+
+
+def launch_on_loopback(out: Path, store: str, env_extra: dict[str, str], nproc: int = 2) -> subprocess.Popen:
+    """One launcher with ``nproc`` workers on this host's loopback, the job's store on the etcd cluster ``store``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RANK", "WORLD_SIZE", "MASTER_", "LOCAL_"))}
+    env.update(GLOO_SOCKET_IFNAME="lo", GRADSYNC_HOST="h0", PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", **env_extra)
+    argv = [sys.executable, "-m", "gradsync", "run", "--elastic", "--nnodes", "1", "--nproc-per-node", str(nproc)]
+    argv += ["--max-restarts", "2", "--store", store, "--rdzv-id", f"loopback-{out.name}-{os.getpid()}"]
+    argv += [str(ROOT / "tests" / "scripts" / "elastic_train.py"), str(out)]
+    return subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
 def events_of(out: Path) -> list[dict]:
@@ -121,6 +133,12 @@ def first_step_after(out: Path, when: float, pids: list[int]) -> float:
     return min(e["t"] for e in events_of(out) if e["t"] > when and e["pid"] in pids) - when
 
 
+def paused(out: Path, when: float, pids: list[int], world: int) -> float:
+    """From the fault to the survivors' first step in the new world of ``world`` ranks (a step committed just after
+    the fault, before the survivors noticed it, does not end the pause)."""
+    return min(e["t"] for e in events_of(out) if e["t"] > when and e["pid"] in pids and e["world"] == world) - when
+
+
 def admission_seconds(out: Path) -> list[float]:
     """How long the members stopped at each step boundary that admitted a worker (a new group, the state sync)."""
     return [r["seconds"] for f in finals(out) for r in f["recoveries"] if r["world_after"] > r["world_before"]]
@@ -178,6 +196,42 @@ def store_host_lost(tmp_path: Path, wait: float = 60.0) -> dict:
                     os.kill(pid, signal.SIGKILL)
 
 
+def any_host_lost(tmp_path: Path, fault: str = "host", down_s: float | None = None) -> dict:
+    """The job on an etcd cluster of 3 members, one per host, and h0 (which started it) lost mid-epoch: ``fault``
+    "host": its launcher, worker and etcd member SIGKILLed, then, after ``down_s``, the host "rebooted" (its etcd
+    member restarted with its data, a fresh launcher; 3 s: the replacement must arrive while the job runs); "link":
+    its link down for ``down_s`` (8 s: past the heartbeat timeout)."""
+    down_s = down_s if down_s is not None else (3.0 if fault == "host" else 8.0)
+    out = tmp_path / f"any_host_{fault}"
+    out.mkdir()
+    with netlab.lab(hosts=HOSTS, rate="1gbit", prefix="gselastic") as lab:
+        with etcd_cluster.cluster(tmp_path / f"etcd_{fault}", hosts=lab) as etcd:
+            variables = {"STEP_SLEEP": "0.05", "ELASTIC_TIMEOUT": "5", "EPOCHS": str(EPOCHS)}
+            procs = launch(lab, out, variables, store=etcd.url)
+            try:
+                wait_steps(out, 15)
+                survivors = [pid_of(out, "h1"), pid_of(out, "h2")]
+                victim = pid_of(out, "h0")
+                when = time.time()
+                if fault == "host":
+                    for pid in (procs[0].pid, victim):
+                        os.kill(pid, signal.SIGKILL)
+                    etcd.kill(0)
+                    procs[0].communicate()
+                    wait_after(out, when, survivors)
+                    time.sleep(max(0.0, down_s - (time.time() - when)))
+                    etcd.restart(0)
+                    procs[0] = launch_on(lab[0], lab[0], out, variables, store=etcd.url)
+                else:
+                    inject("link", lab[0], victim, down_s)
+                logs = finish(procs)
+                return {"out": out, "survivors": survivors, "faults": [("h0", victim, when)], "logs": logs}
+            finally:
+                for pid in [p.pid for p in procs] + [int(f.stem) for f in out.glob("*.pid")]:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
+
+
 def inject_and_finish(lab: list, procs: list[subprocess.Popen], out: Path, fault: str, count: int) -> dict:
     wait_steps(out, 15)
     survivors = [pid_of(out, "h0"), pid_of(out, "h2")]
@@ -201,16 +255,16 @@ def training_pid(out: Path, host: str, since: float, timeout: float = 60) -> int
     return pid_of(out, host)
 
 
-def inject(fault: str, host, pid: int) -> None:
+def inject(fault: str, host, pid: int, seconds: float = 8.0) -> None:
     if fault == "sigkill":
         os.kill(pid, signal.SIGKILL)
     elif fault == "sigstop":
         os.kill(pid, signal.SIGSTOP)
-        time.sleep(8)
+        time.sleep(seconds)
         os.kill(pid, signal.SIGCONT)
     elif fault == "link":
         subprocess.run(["ip", "-n", host.namespace, "link", "set", host.interface, "down"], check=True)
-        time.sleep(8)
+        time.sleep(seconds)
         subprocess.run(["ip", "-n", host.namespace, "link", "set", host.interface, "up"], check=True)
 
 

@@ -30,7 +30,7 @@ from gradsync import settings
 from gradsync.collectives import desync
 from gradsync.collectives.groups import resolve
 from gradsync.collectives.nccl_watch import Watch
-from gradsync.collectives.peer_errors import describe_peer_errors, post_error, post_step
+from gradsync.collectives.peer_errors import describe_peer_errors, post_error, post_step, report_grace
 from gradsync.errors import CollectiveError, GradsyncError
 from gradsync.polling import wait_until
 
@@ -299,7 +299,8 @@ class Communicator:
             # Said at once: a launcher may stop this process during the wait for the peers' reports below.
             print(f"gradsync: {message}", file=sys.stderr, flush=True)
             step = self.step if self.check_desync else None
-            raise CollectiveError(message + describe_peer_errors(grace=2.0, collective=text, step=step)) from exc
+            grace = report_grace(exc)
+            raise CollectiveError(message + describe_peer_errors(grace=grace, collective=text, step=step)) from exc
 
     def _device(self, tensor: torch.Tensor | None) -> torch.device:
         if tensor is not None:

@@ -90,6 +90,19 @@ def peer_errors() -> dict[int, str] | None:
     return found
 
 
+# How gloo says a peer's connection ended (closed, reset, or a read that failed on it): the peer's process ended or
+# is leaving its group. The live peers fail in the same moment and report within milliseconds.
+_PEER_CLOSED = ("connection closed by peer", "connection reset by peer", "read error")
+
+
+def report_grace(exc: BaseException) -> float:
+    """How long to wait for the peers' reports after ``exc``: 2 s for a timeout (a peer may be slow to fail too),
+    0.5 s when a peer's connection closed, where the silent one is the one that closed it (a dead process never
+    reports, and every SIGKILL would cost the survivors the whole wait)."""
+    text = str(exc).lower()
+    return 0.5 if any(sign in text for sign in _PEER_CLOSED) else 2.0
+
+
 def describe_peer_errors(grace: float = 0.0, collective: str | None = None, step: int | None = None) -> str:
     """Lines to append to an error message: what the other ranks reported and, after waiting up to ``grace``
     seconds for their reports, which ranks said nothing. Those never reached the failed collective (stuck before
@@ -114,7 +127,7 @@ def describe_peer_errors(grace: float = 0.0, collective: str | None = None, step
     silent = [r for r in range(dist.get_world_size()) if r != dist.get_rank() and r not in errors]
     if grace and silent:
         text += (
-            f"\n  rank(s) {silent} reported nothing within {grace:.0f}s: they never reached this collective "
+            f"\n  rank(s) {silent} reported nothing within {grace:g}s: they never reached this collective "
             "(stuck before it: a hang, slow data loading, an error swallowed elsewhere), died, or finished "
             "training early: with a different number of batches per rank, train inside `with ddp.join():`."
         )

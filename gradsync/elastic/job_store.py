@@ -67,9 +67,10 @@ class StoreHealth:
     def ok(self) -> None:
         self._failing_since = None
 
-    def failed(self, exc: Exception) -> None:
+    def failed(self, exc: Exception, since: float | None = None) -> None:
+        """An operation begun at ``since`` (monotonic; default now) failed with ``exc``."""
         now = time.monotonic()
-        self._failing_since = self._failing_since or now
+        self._failing_since = self._failing_since or since or now
         self.lost = self.lost or gone_now(exc)
         if self.lost is None and now - self._failing_since >= self._unreachable_s:
             self.lost = f"unreachable for {self._unreachable_s:.0f}s (GRADSYNC_ELASTIC_STORE_LOST_SECONDS)"

@@ -1,9 +1,12 @@
 """Which members are alive, as one worker sees it: heartbeats on the job's store, and exits reported by launchers.
 
 A heartbeat is a counter each worker bumps every ``HEARTBEAT_S`` from a thread with its own store connection (it
-never shares a client with the training thread). A member whose counter has not moved for ``timeout`` seconds of
-the observer's own clock is dead (no clock is compared across hosts). A worker that exits is reported at once by
-its launcher (``exited/<member>``, :func:`mark_exited`), so a killed process costs no heartbeat timeout.
+never shares a client with the training thread). A member whose counter the observer has *seen* stand still for
+``timeout`` seconds of its own clock is dead (no clock is compared across hosts): the time between its last move
+and the observer's latest reading, so that a spell in which the observer could not read the store (an etcd
+election, its own link down), when the member's beats could not land either, counts against no one. A worker that
+exits is reported at once by its launcher (``exited/<member>``, :func:`mark_exited`), so a killed process costs no
+heartbeat timeout.
 
 In a round each member watches one other, the next in rank order (a ring), so the store serves O(N) heartbeat
 reads, not O(N^2): the watcher says when its member is gone (``on_gone``), for everyone. A member is watched by more
@@ -15,6 +18,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch.distributed as dist
 
@@ -27,6 +31,15 @@ _EXITED = -1  # the counter recorded for a member its launcher saw exit
 
 def mark_exited(store: dist.Store, member: int) -> None:
     store.set(keys.exited(member), "1")
+
+
+@dataclass(frozen=True)
+class _Seen:
+    """A watched member's counter as last read: its value, when it last moved, when it was last read."""
+
+    count: int
+    moved: float
+    observed: float
 
 
 class Liveness:
@@ -47,7 +60,7 @@ class Liveness:
         self.timeout = timeout
         self._on_gone = on_gone
         self._on_beat = on_beat  # more for this thread to ask the store each beat, on its own connection
-        self._seen: dict[int, tuple[int, float]] = {}  # member -> (last counter, when it last moved)
+        self._seen: dict[int, _Seen] = {}
         self._watched: list[int] = []
         self._told: set[int] = set()  # members on_gone was called for
         self.health = StoreHealth()  # this thread's store operations, judged: is the store lost?
@@ -58,29 +71,20 @@ class Liveness:
 
     def _heartbeat(self, store: dist.Store) -> None:
         """Bump this worker's counter and read the watched members' counters, every ``HEARTBEAT_S``."""
-        blind_since: float | None = None
         while not self._stop.wait(HEARTBEAT_S):
+            began = time.monotonic()
             try:
                 store.add(keys.beat(self.me), 1)
-                if blind_since is not None:
-                    self._forgive(time.monotonic() - blind_since)
-                    blind_since = None
                 for member in list(self._watched):
                     self._observe(member, int(store.add(keys.beat(member), 0)))
                     if store.check([keys.exited(member)]):  # its launcher saw it exit: no need to wait
-                        self._seen[member] = (_EXITED, float("-inf"))
+                        self._seen[member] = _Seen(_EXITED, float("-inf"), 0.0)
                     self._tell_if_gone(member)
                 if self._on_beat is not None:
                     self._on_beat(store)
                 self.health.ok()
             except Exception as exc:  # the store is out of reach (a link down): beat again once it is back
-                blind_since = blind_since or time.monotonic()
-                self.health.failed(exc)
-
-    def _forgive(self, seconds: float) -> None:
-        """This thread could not read the store for ``seconds`` (an etcd election, this host's link): no member is
-        judged by that time, in which its beats could not land either."""
-        self._seen = {m: (count, moved + seconds) for m, (count, moved) in self._seen.items()}
+                self.health.failed(exc, since=began)
 
     def _tell_if_gone(self, member: int) -> None:
         if self._on_gone is not None and member not in self._told and not self.alive(member):
@@ -88,9 +92,12 @@ class Liveness:
             self._on_gone(member, self.why_dead(member))
 
     def _observe(self, member: int, count: int) -> None:
+        now = time.monotonic()
         last = self._seen.get(member)
-        if last is None or last[0] not in (count, _EXITED):
-            self._seen[member] = (count, time.monotonic())
+        if last is None or last.count not in (count, _EXITED):
+            self._seen[member] = _Seen(count, now, now)
+        elif last.count != _EXITED:
+            self._seen[member] = _Seen(count, last.moved, now)
 
     def watch_only(self, members: list[int]) -> None:
         """A round formed with ``members`` (in rank order): watch the one after this worker, with a fresh timeout."""
@@ -110,14 +117,25 @@ class Liveness:
             # Watched again (a joiner asks to be admitted after it was dropped): its timeout starts now. The count
             # last seen, from before it was dropped, would declare it dead until a heartbeat poll happened to land
             # here, and every round meanwhile would form without it. An exit its launcher reported stays final.
-            if self._seen.get(member, (0, 0.0))[0] != _EXITED:
+            if not self._exited(member):
                 self._seen.pop(member, None)
                 self._told.discard(member)
+        return self.still_for(member) <= self.timeout
+
+    def still_for(self, member: int) -> float:
+        """For how long this worker has seen ``member``'s counter stand still (inf: its exit was reported; 0: not
+        read yet, or itself)."""
         last = self._seen.get(member)
-        return last is None or time.monotonic() - last[1] <= self.timeout
+        if member == self.me or last is None:
+            return 0.0
+        return float("inf") if last.count == _EXITED else last.observed - last.moved
+
+    def _exited(self, member: int) -> bool:
+        last = self._seen.get(member)
+        return last is not None and last.count == _EXITED
 
     def why_dead(self, member: int) -> str:
-        exited = self._seen.get(member, (0, 0.0))[0] == _EXITED
+        exited = self._exited(member)
         return "exited (its launcher saw it)" if exited else f"stopped (no heartbeat for {self.timeout:.0f}s)"
 
     def stop(self) -> None:

@@ -39,6 +39,7 @@ from gradsync.polling import wait_until
 STORE_VARIABLE = "GRADSYNC_ELASTIC_STORE"  # the job's store (host:port, or etcd://...), set by `gradsync run --elastic`
 WORKER_VARIABLE = "GRADSYNC_ELASTIC_WORKER"  # this process's id, so that its launcher can report its exit
 SETTLE_S = 1.0
+SUSPECT_S = 4 * HEARTBEAT_S  # a member silent this long while a round is decided is not waited for
 log = logging.getLogger("gradsync")
 
 
@@ -222,7 +223,12 @@ class Membership:
         gone = {m for m in wanted if self.store.check([keys.exited(m)]) or self.store.check([keys.lost(m)])}
         alive = lambda m: m not in gone and self.liveness.alive(m)  # noqa: E731
         # A live member may be inside a collective that fails only at the group's timeout: wait for it that long.
-        live_registered = lambda: all(registered(m) for m in wanted if alive(m))  # noqa: E731
+        # Not for one whose heartbeat stood still for SUSPECT_S while the others registered: a round is being
+        # decided because something failed, and a live member's heartbeat thread beats even inside a collective.
+        # So a host lost whole (no launcher left to report the exit) costs a second, not the heartbeat timeout. A
+        # live member wrongly left out joins again in-process.
+        awaited = lambda m: alive(m) and self.liveness.still_for(m) < SUSPECT_S  # noqa: E731
+        live_registered = lambda: all(registered(m) for m in wanted if awaited(m))  # noqa: E731
         wait_until(live_registered, SETTLE_S + self.timeouts.collective, pause=0.005, max_pause=0.02)
         # Registered and still alive: a worker killed after registering (its launcher reported it) is left out.
         members = [m for m in wanted if registered(m) and alive(m)]

@@ -186,19 +186,21 @@ class Job:
     def look(self, again: bool = False) -> None:
         if self.done or self.lost or (time.monotonic() - self._looked < 1.0 and not again):
             return
-        self._looked = time.monotonic()
+        self._looked = began = time.monotonic()
         try:
             self.done = job_done(self.store)
             self.health.ok()
         except Exception as exc:  # the store's host is gone, or out of reach for now (a link down)
             if not self._hosting:
-                self.health.failed(exc)
+                self.health.failed(exc, since=began)
 
     def report_exit(self, worker: Worker) -> None:
+        began = time.monotonic()
         try:
             report_exit(self.store, worker.name)
-        except Exception:  # the members find out by the missing heartbeat instead
-            pass
+        except Exception as exc:  # the members find out by the missing heartbeat instead
+            if not self._hosting:
+                self.health.failed(exc, since=began)
         self.look(again=True)
 
 
