@@ -8,6 +8,10 @@ which reports, per SIGKILL of one worker: how long the survivors paused (the kil
 against their usual step), how long until the restarted worker committed a step again (rejoined over the network),
 how long the survivors stopped to admit it (the new group and the state sync), and how long a fresh job takes from
 launch to its first step, the least a restart-from-checkpoint pays on top of the work lost since the checkpoint.
+With the job's store on etcd, h0 (the host that started the job) lost whole, or cut off:
+
+    python -m bench.elastic_lab --runs 5 --etcd host
+    python -m bench.elastic_lab --runs 3 --etcd link
 """
 
 from __future__ import annotations
@@ -295,6 +299,20 @@ def measure(tmp: Path, detected_by: str = "agreement") -> dict[str, float]:
     }
 
 
+def measure_any_host(tmp: Path, fault: str) -> dict[str, float]:
+    """The job on etcd, h0 lost (``fault``: "host" or "link"); the survivors' pause, and whether a survivor was
+    blocked in gloo until the group's timeout (then the pause is that timeout's, not the detection's)."""
+    run = any_host_lost(tmp, fault)
+    out, (_host, _pid, when) = run["out"], run["faults"][0]
+    check_exactly_once(out, killed=1)
+    pause = paused(out, when, run["survivors"], HOSTS - 1)
+    return {
+        "survivors paused s": pause,
+        "a survivor blocked in gloo": float(any("Timed out" in log for log in run["logs"])),
+        "h0 back s": min(e["t"] for e in events_of(out) if e["t"] > when + pause and e["world"] == HOSTS) - when,
+    }
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.elastic_lab", description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=3)
@@ -304,11 +322,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         default="agreement",
         help="where the kill lands: after backward (the agreement finds it) or before (an all-reduce fails)",
     )
+    parser.add_argument(
+        "--etcd",
+        choices=("host", "link"),
+        default=None,
+        help="the job's store on etcd (a member per host), and h0, which started the job, lost: whole (SIGKILL of "
+        "its launcher, worker and etcd member, then a fresh launcher) or its link down for 8 s",
+    )
     args = parser.parse_args(argv)
     if netlab.available() is not None:
         print(f"skipped: {netlab.available()}")
         return 1
-    rows = [measure(Path(tempfile.mkdtemp(prefix="gselastic")), args.detected_by) for _ in range(args.runs)]
+    tmp = lambda: Path(tempfile.mkdtemp(prefix="gselastic"))  # noqa: E731
+    if args.etcd:
+        rows = [measure_any_host(tmp(), args.etcd) for _ in range(args.runs)]
+    else:
+        rows = [measure(tmp(), args.detected_by) for _ in range(args.runs)]
     for key in rows[0]:
         values = [r[key] for r in rows]
         print(f"{key:28s} median {statistics.median(values):6.2f}   runs {', '.join(f'{v:.2f}' for v in values)}")

@@ -6,6 +6,7 @@ used (headroom).
 
     python -m bench.elastic_overhead --ranks 3 8 16 --runs 3
     python -m bench.elastic_overhead --ranks 3 8 16 --runs 3 --source ../old-checkout   # another version
+    python -m bench.elastic_overhead --ranks 3 8 --runs 3 --store etcd   # the job's store on 3 etcd members
 
 The model to 256 ranks: the training thread makes no store operation per step, so the per-step cost is local
 work, whatever N; what grows with N is the store's background load (each rank's heartbeat thread: its beat, the one
@@ -27,7 +28,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from bench import netlab
+from bench import etcd_cluster, netlab
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -38,18 +39,23 @@ def _cpu_seconds() -> float:
     return (user + nice + system) / os.sysconf("SC_CLK_TCK")
 
 
-def run_once(ranks: int, steps: int, compute_s: float, source: Path = ROOT) -> dict:
+def run_once(ranks: int, steps: int, compute_s: float, source: Path = ROOT, store: str = "tcp") -> dict:
+    """``store``: "tcp" (h0's launcher serves it) or "etcd" (one etcd member on each of the first 3 hosts)."""
     hosts = 3 if ranks == 3 else 4
     per_host = ranks // hosts
     out = Path(tempfile.mkdtemp(prefix="gsoverhead"))
-    with netlab.lab(hosts=hosts, rate="10gbit", prefix="gsoverhead") as lab:
+    with netlab.lab(hosts=hosts, rate="10gbit", prefix="gsoverhead") as lab, contextlib.ExitStack() as stack:
+        extra = []
+        if store == "etcd":
+            etcd = stack.enter_context(etcd_cluster.cluster(out / "etcd", hosts=lab[:3]))
+            extra = ["--store", etcd.url, "--rdzv-id", f"overhead-{out.name}"]
         procs = []
         for host in lab:
             env = {k: v for k, v in os.environ.items() if not k.startswith(("RANK", "WORLD_SIZE", "MASTER_", "LOCAL_"))}
             env.update(GLOO_SOCKET_IFNAME=host.interface, PYTHONPATH=str(source), OMP_NUM_THREADS="1")
             env.update(STEPS=str(steps), COMPUTE_S=str(compute_s))
             argv = [sys.executable, "-m", "gradsync", "run", "--elastic", "--nnodes", str(hosts)]
-            argv += ["--nproc-per-node", str(per_host), "--rdzv-endpoint", f"{lab[0].address}:29660"]
+            argv += ["--nproc-per-node", str(per_host), "--rdzv-endpoint", f"{lab[0].address}:29660", *extra]
             argv += ["--local-addr", host.address, str(ROOT / "bench" / "elastic_overhead_worker.py"), str(out)]
             command = host.command(["env", *[f"{k}={v}" for k, v in env.items()], *argv])
             procs.append(
@@ -79,6 +85,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--compute", type=float, default=0.1, help="prescribed compute per step, seconds")
     parser.add_argument("--source", type=Path, default=ROOT, help="the gradsync checkout to run (before/after)")
+    parser.add_argument("--store", choices=("tcp", "etcd"), default="tcp", help="where the job's store lives")
     args = parser.parse_args(argv)
     if netlab.available() is not None:
         print(f"skipped: {netlab.available()}")
@@ -86,7 +93,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print("| ranks | elastic step (ms) | plain step (ms) | overhead (ms) | overhead | CPU used |")
     print("|---:|---:|---:|---:|---:|---:|")
     for ranks in args.ranks:
-        rows = [run_once(ranks, args.steps, args.compute, args.source.resolve()) for _ in range(args.runs)]
+        rows = [run_once(ranks, args.steps, args.compute, args.source.resolve(), args.store) for _ in range(args.runs)]
         overheads = [r["elastic_ms"] - r["plain_ms"] for r in rows]
         med = statistics.median
         print(

@@ -70,13 +70,14 @@ def remove(prefix: str) -> None:
 
 @contextlib.contextmanager
 def lab(
-    hosts: int = 2, rate: str | None = "1gbit", delay: str | None = None, prefix: str = "gsnet"
+    hosts: int = 2, rate: str | None = "1gbit", delay: str | None = None, prefix: str = "gsnet", subnet: str = SUBNET
 ) -> Iterator[list[Host]]:
     """Create ``hosts`` namespaces on one shaped bridge; yield them; remove everything afterwards (also when the
-    process is stopped with SIGTERM, which would otherwise skip the cleanup)."""
+    process is stopped with SIGTERM, which would otherwise skip the cleanup). ``subnet``: the first three octets of
+    the hosts' addresses (inside the namespaces only: no route from this host's own network reaches them)."""
     remove(prefix)
     with _sigterm_exits():
-        yield from _lab(hosts, rate, delay, prefix)
+        yield from _lab(hosts, rate, delay, prefix, subnet)
 
 
 @contextlib.contextmanager
@@ -91,7 +92,7 @@ def _sigterm_exits() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
-def _lab(hosts: int, rate: str | None, delay: str | None, prefix: str) -> Iterator[list[Host]]:
+def _lab(hosts: int, rate: str | None, delay: str | None, prefix: str, subnet: str) -> Iterator[list[Host]]:
     switch = f"{prefix}-sw"
     made: list[Host] = []
     try:
@@ -99,7 +100,7 @@ def _lab(hosts: int, rate: str | None, delay: str | None, prefix: str) -> Iterat
         _sh("ip", "-n", switch, "link", "add", "br0", "type", "bridge")
         _sh("ip", "-n", switch, "link", "set", "br0", "up")
         for i in range(hosts):
-            host = Host(i, f"{prefix}-h{i}", f"{SUBNET}.{i + 1}")
+            host = Host(i, f"{prefix}-h{i}", f"{subnet}.{i + 1}")
             _sh("ip", "netns", "add", host.namespace)
             _sh("ip", "link", "add", f"{prefix}{i}a", "type", "veth", "peer", "name", f"{prefix}{i}b")
             _sh("ip", "link", "set", f"{prefix}{i}a", "netns", host.namespace)

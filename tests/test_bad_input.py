@@ -425,6 +425,11 @@ def _cli_here(capsys: pytest.CaptureFixture[str], *args: str) -> str:
         (["--nnodes", "3:2"], "with 1 <= MIN <= MAX"),
         (["--max-restarts", "-1"], "--max-restarts -1: give how many times"),
         (["--rdzv-endpoint", "localhost:notaport"], "--rdzv-endpoint localhost:notaport: The port number"),
+        (["--store", "etcd://127.0.0.1:2379"], "the job's store is elastic's; add --elastic"),
+        (["--elastic", "--store", "127.0.0.1:2379"], "give the etcd cluster's members, etcd://HOST:PORT"),
+        (["--elastic", "--store", "etcd://127.0.0.1:2379/job"], "the job's name comes from --rdzv-id"),
+        (["--elastic", "--store", "etcd://127.0.0.1:x"], "is not HOST:PORT"),
+        (["--elastic", "--store", "etcd://127.0.0.1:2379"], "name the job with --rdzv-id NAME"),
     ],
 )
 def test_run_refuses_bad_flags_in_one_line(capsys: pytest.CaptureFixture[str], flags: list[str], words: str) -> None:

@@ -395,3 +395,49 @@ def test_on_etcd_losing_two_members_stops_every_worker_with_the_store_named(tmp_
     assert len({line.split("]")[0] for line in stopped}) == 2, output[-3000:]  # each worker said it
     assert all(etcd.url in line and "is lost" in line for line in stopped)
     assert took < 40, took
+
+
+@needs_lab
+@needs_etcd
+@pytest.mark.timeout(240)
+def test_the_readmes_etcd_block_runs_as_written(tmp_path: Path) -> None:
+    """README's etcd block, verbatim, on three namespace hosts at its addresses (10.0.0.1-3, inside the namespaces
+    only), each with its NAME and IP; train.py is the lab's training script. Every host ends with the same model."""
+    import os
+    import subprocess
+
+    readme = (ROOT / "README.md").read_text()
+    section = readme[readme.index("### No single point of failure") :]
+    block = section[section.index("```bash\n") + len("```bash\n") : section.index("\n```", section.index("```bash"))]
+    assert block.startswith("etcd --name $NAME") and "gradsync run --elastic --store etcd://" in block
+    out = tmp_path / "out"
+    out.mkdir()
+    (tmp_path / "train.py").write_text(
+        "import runpy, sys\n"
+        f"sys.argv = [{str(ROOT / 'tests' / 'scripts' / 'elastic_train.py')!r}, {str(out)!r}]\n"
+        "runpy.run_path(sys.argv[0], run_name='__main__')\n"
+    )
+    with netlab.lab(hosts=HOSTS, rate="1gbit", prefix="gsreadme", subnet="10.0.0") as lab:
+        procs = []
+        for host in lab:
+            cwd = tmp_path / f"h{host.index}"
+            cwd.mkdir()
+            (cwd / "train.py").write_text((tmp_path / "train.py").read_text())
+            env = {k: v for k, v in os.environ.items() if not k.startswith(("RANK", "WORLD_SIZE", "MASTER_"))}
+            env.update(NAME=f"h{host.index}", IP=host.address, GLOO_SOCKET_IFNAME=host.interface, EPOCHS="1")
+            env.update(PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", PATH=f"{Path(sys.executable).parent}:{env['PATH']}")
+            # The block leaves etcd running in the background, as on a host; the lab stops it with the namespace.
+            script = block + "\nstatus=$?; kill %1; exit $status\n"
+            command = host.command(["env", *[f"{k}={v}" for k, v in env.items()], "bash", "-c", script])
+            pipe = {"stdout": subprocess.PIPE, "stderr": subprocess.STDOUT, "text": True}
+            procs.append(subprocess.Popen(command, cwd=cwd, **pipe))
+        logs = []
+        for p in procs:
+            try:
+                logs.append(p.communicate(timeout=180)[0])
+            except subprocess.TimeoutExpired:
+                p.kill()
+                logs.append(p.communicate()[0])
+    assert all(p.returncode == 0 for p in procs), "\n----\n".join(log[-2000:] for log in logs)
+    ended = finals(out)
+    assert len(ended) == HOSTS and len({f["checksum"] for f in ended}) == 1

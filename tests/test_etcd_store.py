@@ -193,3 +193,20 @@ def test_the_store_is_lost_at_once_only_when_no_member_runs(monkeypatch: pytest.
 def test_a_bad_store_url_is_refused_by_name(url: str, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         parse_endpoints(url)
+
+
+@pytest.mark.timeout(60)
+def test_a_launcher_refuses_the_name_of_a_job_that_finished_there(etcd: etcd_cluster.Cluster) -> None:
+    """Its keys outlive the job: the same name again would see itself done at once and train nothing."""
+    import argparse
+
+    from gradsync.elastic.job_store import etcd_url, open_store
+    from gradsync.runtime.elastic_launch import Job
+
+    where = etcd_url(etcd.url, "finished-job")
+    store = open_store(where)
+    store.set(keys.DONE, "1")
+    args = argparse.Namespace(rdzv_id="finished-job", store=etcd.url)
+    with pytest.raises(ConfigError, match="already finished on .* etcdctl del --prefix gradsync/finished-job/"):
+        Job(store, where, hosting=False).refuse_a_finished_name(args)
+    Job(open_store(etcd_url(etcd.url, "fresh-job")), "x", hosting=False).refuse_a_finished_name(args)

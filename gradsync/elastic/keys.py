@@ -1,6 +1,7 @@
-"""Every key gradsync.elastic keeps in the job's store, in one place: who writes it, who reads it, and how long it
-lives. All live under ``gradsync/elastic/``; per-round keys under ``round<k>/``, so a round's keys never meet
-another's. Nothing is written per step: the store holds a few keys per worker and per round, however long the job.
+"""Every key gradsync.elastic keeps in the job's store (a TCPStore, or under ``gradsync/<job>/`` on etcd), in one
+place: who writes it, who reads it, and how long it lives. All live under ``gradsync/elastic/``; per-round keys
+under ``round<k>/``, so a round's keys never meet another's. Nothing is written per step: the store holds a few
+keys per worker and per round, however long the job.
 
 =====================================  ====================================================  =====================
 key                                    meaning                                               written by

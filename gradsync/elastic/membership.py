@@ -1,7 +1,8 @@
 """Who is in the job: the members of each round, and the process group formed for a round.
 
 All coordination goes through the job's key-value store (a TCPStore the elastic launcher hosts, outside every
-worker, so a dead worker takes no state with it; its keys: :mod:`gradsync.elastic.keys`). Each worker gets a
+worker, so a dead worker takes no state with it; or an etcd cluster, so a dead host takes none either:
+:mod:`gradsync.elastic.job_store`; its keys: :mod:`gradsync.elastic.keys`). Each worker gets a
 sequence number when it first arrives; the members of a round, in sequence order, are its ranks, so survivors keep
 their relative order and newcomers come last. Who is alive is :mod:`gradsync.elastic.liveness`'s question
 (heartbeats, and exits reported by launchers).
