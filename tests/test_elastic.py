@@ -391,10 +391,12 @@ def test_on_etcd_losing_two_members_stops_every_worker_with_the_store_named(tmp_
         finally:
             job.kill()
     assert job.returncode == 1, output[-3000:]
-    stopped = [line for line in output.splitlines() if "training stops here" in line]
-    assert len({line.split("]")[0] for line in stopped}) == 2, output[-3000:]  # each worker said it
-    assert all(etcd.url in line and "is lost" in line for line in stopped)
-    assert took < 40, took
+    # Each worker says it: from its next step ("the job's store ... is lost"), or from the store operation that
+    # failed (a worker regrouping after the other stopped: "the etcd cluster ... lost its quorum").
+    stopped = [line for line in output.splitlines() if "training stops here" in line or "lost its quorum" in line]
+    assert len({line.split("]")[0] for line in stopped}) == 2, output[-3000:]
+    assert all(etcd.url.removeprefix("etcd://") in line for line in stopped)
+    assert took < 45, took
 
 
 @needs_lab

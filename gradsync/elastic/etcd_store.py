@@ -72,16 +72,25 @@ class EtcdClient:
         self.request_s = request_s
         self.unavailable_s = unavailable_s
         self._local = threading.local()  # per thread: (endpoint index, connection)
+        # Since when no request was served, once one failed: the next tries each member once, not for unavailable_s.
+        self._down_since: float | None = None
 
     def call(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        """One request, answered by whichever member can; retried across members until ``unavailable_s``."""
-        deadline = time.monotonic() + self.unavailable_s
+        """One request, answered by whichever member can; retried across members until ``unavailable_s`` (once
+        the cluster was found unavailable, each member is tried once: a worker stopping says so without waiting
+        ``unavailable_s`` again on each of its last operations)."""
+        start = time.monotonic()
+        deadline = start + (0.0 if self._down_since is not None else self.unavailable_s)
+        tries = 0
         errors: dict[str, str] = {}
         refused: set[str] = set()
         while True:
             endpoint = self.endpoints[self._index()]
+            tries += 1
             try:
-                return self._post(endpoint, path, body)
+                answer = self._post(endpoint, path, body)
+                self._down_since = None
+                return answer
             except (OSError, http.client.HTTPException, _Retry) as exc:
                 errors[endpoint] = str(exc) or type(exc).__name__
                 if isinstance(exc, ConnectionRefusedError):
@@ -90,12 +99,14 @@ class EtcdClient:
                     refused.discard(endpoint)
                 self._drop_connection()
                 self._local.index = (self._index() + 1) % len(self.endpoints)
-            if time.monotonic() >= deadline:
+            if time.monotonic() >= deadline and tries >= len(self.endpoints):
+                self._down_since = self._down_since or start
                 tried = "; ".join(f"{e}: {why}" for e, why in errors.items())
                 raise EtcdUnavailable(
-                    f"the etcd cluster {','.join(self.endpoints)} served no {path} request for "
-                    f"{self.unavailable_s:.0f}s ({tried}). It has lost its quorum (most of its members are down) or "
-                    "this host cannot reach it; check `etcdctl endpoint health` on the hosts.",
+                    f"the etcd cluster {','.join(self.endpoints)} has served no request for "
+                    f"{time.monotonic() - self._down_since:.0f}s (this {path}: {tried}). It has lost its quorum (most "
+                    "of its members are down) or this host cannot reach it; check `etcdctl endpoint health` on the "
+                    "hosts.",
                     all_refused=refused == set(self.endpoints),
                 )
             time.sleep(0.05)
@@ -131,6 +142,8 @@ class _Retry(Exception):
 class EtcdStore(dist.Store):
     """torch's ``Store`` on an etcd cluster; every key lives under ``prefix`` (one job's keys never meet another's).
 
+    ``client``: one shared with other stores of this process (its connections are per thread).
+
     Usable wherever torch takes a store, ``dist.PrefixStore`` and ``init_process_group(store=...)`` included, as
     long as the Python object lives: torch keeps only the C++ half of a store written in Python, whose methods
     fail with "Not implemented" once the Python object is collected."""
@@ -141,9 +154,10 @@ class EtcdStore(dist.Store):
         prefix: str,
         timeout: datetime.timedelta = datetime.timedelta(seconds=60),
         unavailable_s: float = UNAVAILABLE_S,
+        client: EtcdClient | None = None,
     ) -> None:
         super().__init__()
-        self.client = EtcdClient(endpoints, unavailable_s=unavailable_s)
+        self.client = client or EtcdClient(endpoints, unavailable_s=unavailable_s)
         self.prefix = prefix
         self.set_timeout(timeout)
 

@@ -15,7 +15,7 @@ import time
 import torch.distributed as dist
 
 from gradsync import settings
-from gradsync.elastic.etcd_store import EtcdStore, EtcdUnavailable, parse_endpoints
+from gradsync.elastic.etcd_store import EtcdClient, EtcdStore, EtcdUnavailable, parse_endpoints
 
 ETCD_SCHEME = "etcd://"
 # How a TCPStore client fails once the server's process is gone (the connection closed or reset). A link that is
@@ -34,11 +34,20 @@ def etcd_url(endpoints: str, job: str) -> str:
 
 def open_store(where: str, timeout: float = 60.0) -> dist.Store:
     """A client of the job's store: ``host:port`` (a TCPStore) or ``etcd://h1:2379,h2:2379/<job>``."""
+    return open_stores(where, 1, timeout)[0]
+
+
+def open_stores(where: str, count: int, timeout: float = 60.0) -> list[dist.Store]:
+    """``count`` clients of the job's store, each with its own connection (one per thread that uses it). On etcd
+    they share one client, whose connections are per thread already, so that what one thread learnt (the cluster
+    is unavailable) another does not pay for again."""
+    wait = datetime.timedelta(seconds=timeout)
     if is_etcd(where):
         endpoints, job = parse_endpoints(where)
-        return EtcdStore(endpoints, prefix=f"gradsync/{job}/", timeout=datetime.timedelta(seconds=timeout))
+        client = EtcdClient(endpoints)
+        return [EtcdStore(endpoints, prefix=f"gradsync/{job}/", timeout=wait, client=client) for _ in range(count)]
     host, port = where.rsplit(":", 1)
-    return dist.TCPStore(host, int(port), is_master=False, timeout=datetime.timedelta(seconds=timeout))
+    return [dist.TCPStore(host, int(port), is_master=False, timeout=wait) for _ in range(count)]
 
 
 def describe(where: str) -> str:

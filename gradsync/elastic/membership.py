@@ -113,7 +113,8 @@ class Membership:
                 f"{STORE_VARIABLE})."
             )
         # Two clients: the heartbeat thread never shares a connection with the training thread.
-        return cls(job_store.open_store(where), job_store.open_store(where), timeouts, where)
+        store, beat_store = job_store.open_stores(where, 2)
+        return cls(store, beat_store, timeouts, where)
 
     def stop(self) -> None:
         self.liveness.stop()

@@ -138,11 +138,19 @@ def run_elastic(args: Any, cmd: str, cmd_args: list[str]) -> int:
 
 
 def _stop_without_store(workers: list[Worker], job: Job) -> int:
-    """The job's store is gone with its host: no worker here can coordinate, and a restarted one would block
-    connecting to it. Stop them all and say so once."""
-    for w in workers:
-        if not w.done and w.context is not None:
-            w.context.close()
+    """The job's store is lost: no worker here can coordinate, and a restarted one would block connecting to it.
+    Stop them all and say so once. Each worker judges the store by the same rule and stops with its own error:
+    they are given ``WORKERS_STOP_S`` to say it before they are stopped."""
+    running = [w for w in workers if not w.done and w.context is not None]
+    pending = list(running)
+
+    def all_stopped() -> bool:  # each exit looked at once (torch logs a failed one at every look)
+        pending[:] = [w for w in pending if w.context.wait(timeout=0, period=0.05) is None]
+        return not pending
+
+    wait_until(all_stopped, WORKERS_STOP_S)
+    for w in running:
+        w.context.close()
     print(
         f"gradsync run --elastic: {job_store.describe(job.where)} is lost: {job.health.lost}; without it the workers "
         "cannot coordinate. Stopped this node's workers; restart the job from its last checkpoint.",
@@ -150,6 +158,9 @@ def _stop_without_store(workers: list[Worker], job: Job) -> int:
         flush=True,
     )
     return 1
+
+
+WORKERS_STOP_S = 15.0  # an etcd client tries every member for 10 s before its operation fails
 
 
 def _wait_for_everyone(store: dist.TCPStore, seconds: float = 60.0) -> None:
