@@ -17,9 +17,11 @@ from gradsync.comm.diloco import DiLoCo
 from gradsync.comm.grad_bucket import GradBucket
 from gradsync.comm.local_sgd import PostLocalSGD, average_parameters
 from gradsync.comm.quantized import QuantizedState, quantized_hook
+from gradsync.comm.streaming_diloco import StreamingDiLoCo
 
 __all__ = [
     "DiLoCo",
+    "StreamingDiLoCo",
     "GradBucket",
     "QuantizedState",
     "quantized_hook",

@@ -3,7 +3,13 @@
 Every rank trains on its own gradients for ``period`` (H) inner steps; then the ranks average the *pseudo-gradient*,
 the parameters before those H steps minus the parameters after them, and an outer optimizer (Nesterov momentum by
 default) moves the shared parameters along it. One collective per H steps instead of one per step: with H = 64,
-1/64 of the communication. The average can travel in bf16 or int8 (:mod:`.quantized`'s blocks).
+1/64 of the communication. The average can travel in bf16, int8 or int4 (:mod:`.outer_exchange`).
+
+The inner optimizer's state (AdamW's moments) stays on its rank by design, as in the paper: only parameters are
+averaged. A synchronous warm-up (``warmup_steps``: plain data-parallel steps, gradients all-reduced) starts the
+outer loop from a shared, already-trained point, as the paper's runs start from a pretrained model.
+:class:`~gradsync.comm.streaming_diloco.StreamingDiLoCo` exchanges fragments on a staggered schedule instead, and
+overlaps each exchange with the inner steps that follow.
 
 With ``period=1``, outer SGD, ``outer_lr=1`` and no momentum, this is parameter averaging after every step.
 """
@@ -14,11 +20,10 @@ from typing import Any
 
 import torch
 
-from gradsync.collectives.communicator import Communicator, Op
+from gradsync.collectives.communicator import Communicator
 from gradsync.comm.grad_bucket import GradBucket
 from gradsync.comm.local_sgd import allreduce_unless_local
-from gradsync.comm.quantized import QuantizedState, dequantize, quantize
-from gradsync.errors import ConfigError
+from gradsync.comm.outer_exchange import check_wire, start_average
 from gradsync.validate import require_ddp, require_int, require_number
 
 
@@ -49,8 +54,7 @@ class DiLoCo:
         warmup_steps = require_int("DiLoCo", "warmup_steps", warmup_steps, 0)
         outer_lr = require_number("DiLoCo", "outer_lr", outer_lr, 0.0)
         momentum = require_number("DiLoCo", "momentum", momentum, 0.0)
-        if compression not in (None, "bf16", "int8"):
-            raise ConfigError(f"DiLoCo: compression must be None, 'bf16' or 'int8', got {compression!r}")
+        check_wire("DiLoCo", compression)
         self.ddp = ddp
         self.period = period
         self.warmup_steps = warmup_steps
@@ -117,24 +121,9 @@ class DiLoCo:
             p.copy_(anchor)
 
     def _average(self, flat: torch.Tensor) -> torch.Tensor:
-        world = self._comm.size
-        if self.compression == "int8":
-            return self._average_int8(flat)
-        wire = flat.to(torch.bfloat16) if self.compression == "bf16" else flat.clone()
-        self._comm.all_reduce(Op.PARAMETER_AVERAGE, wire)
-        self.bytes_sent += 2 * wire.numel() * wire.element_size() * (world - 1) // world
-        return wire.float().div_(world)
-
-    def _average_int8(self, flat: torch.Tensor) -> torch.Tensor:
-        state = QuantizedState(self.ddp.process_group, bits=8, error_feedback=False)
-        padded = torch.zeros(-(-flat.numel() // state.block) * state.block, device=flat.device)
-        padded[: flat.numel()] = flat
-        payload, _ = quantize(padded, state)
-        gathered = self._comm.all_gather(Op.PARAMETER_AVERAGE, payload)
-        self.bytes_sent += payload.numel() * (self._comm.size - 1)
-        total = sum(dequantize(piece, padded.numel(), state) for piece in gathered)
-        assert isinstance(total, torch.Tensor)
-        return total[: flat.numel()].div_(self._comm.size)
+        exchange = start_average(self._comm, flat, self.compression)
+        self.bytes_sent += exchange.bytes_sent
+        return exchange.result()
 
     @torch.no_grad()
     def _reset_anchor(self) -> None:
