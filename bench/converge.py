@@ -1,13 +1,17 @@
 """``python -m bench.converge``: methods that send less, judged by the time to reach torch's loss, not step time.
 
-    python -m bench.converge --task gpt --link 1gbit --budget 90
-    python -m bench.converge --task gpt --link 100mbit --delay 10ms --budget 90
+    python -m bench.converge --task gpt-small --link 100mbit --budget 50 --runs 3   # communication-bound
+    python -m bench.converge --task gpt-small --link 1gbit --budget 50 --runs 3     # balanced
 
 Each method trains on 2 ranks, each in its own network namespace behind a link shaped to ``--link`` (and
 ``--delay`` each way), for the same wall-clock budget of training (evaluation pauses the clock). The target is the
 validation loss torch's DDP reaches at the end of its budget; a method's time to target is when its validation
-curve first reaches it (linearly interpolated between evaluations). Bytes per step are what left rank 0's network
-interface, TCP included, over the steps taken.
+curve first reaches it (linearly interpolated between evaluations), as a multiple of torch's own time to it in the
+same run (each method runs ``--runs`` times with seeds 0, 1, ...: the table gives the median and the spread). Bytes
+per step are what left rank 0's network interface, TCP included, over the steps taken. A local method is evaluated
+on a synchronised model only (bench/converge_worker.py), and a run with fewer than 10 outer steps is flagged: its
+figure would be one rank training alone. torch's share of its step spent communicating is 1 - (a local method's
+median step, no communication) / (torch's median step).
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -24,7 +29,8 @@ from bench import netlab
 from bench.ranks import wait_ranks
 
 ROOT = Path(__file__).resolve().parents[1]
-METHODS = "torch,gradsync,bf16,powersgd,int8,diloco16,diloco64"
+METHODS = "torch,bf16,int8,diloco32,streaming32-p4-d2-int4"
+MIN_OUTER_STEPS = 10
 
 
 def tx_bytes(host: netlab.Host) -> int:
@@ -37,7 +43,7 @@ def tx_bytes(host: netlab.Host) -> int:
     return int(done.stdout)
 
 
-def run_method(args: argparse.Namespace, method: str, out: Path) -> dict:
+def run_method(args: argparse.Namespace, method: str, out: Path, seed: int = 0) -> dict:
     base = {k: v for k, v in os.environ.items() if not k.startswith(("RANK", "WORLD_SIZE", "MASTER_", "LOCAL_"))}
     base.update({"WORLD_SIZE": "2", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)})
     with netlab.lab(hosts=2, rate=args.link, delay=args.delay, prefix="gsconv") as hosts:
@@ -48,6 +54,7 @@ def run_method(args: argparse.Namespace, method: str, out: Path) -> dict:
             env["GLOO_SOCKET_IFNAME"] = h.interface
             argv = [sys.executable, "-m", "bench.converge_worker", "--task", args.task, "--method", method]
             argv += ["--budget", str(args.budget), "--batch", str(args.batch), "--out", str(out)]
+            argv += ["--warmup", str(args.warmup), "--seed", str(seed), "--eval-every", str(args.eval_every)]
             procs.append(subprocess.Popen(h.command(["env", *[f"{k}={v}" for k, v in env.items()], *argv]), cwd=ROOT))
         wait_ranks(procs, args.budget * 6 + 300, f"bench.converge {method}")
         sent = tx_bytes(hosts[0]) - sent_before
@@ -65,34 +72,57 @@ def time_to(curve: list[list[float]], target: float) -> float | None:
     return None
 
 
-def summarise(results: dict[str, dict]) -> dict:
-    torch_curve = results["torch"]["curve"]
-    target, budget = torch_curve[-1][1], torch_curve[-1][0]
+def summarise(runs: dict[str, list[dict]]) -> dict:
+    """Per method, over the runs: time to torch's final loss (of the same seed) as a multiple of torch's time to it,
+    final loss against torch's, bytes per step, steps and outer steps."""
+    med = statistics.median
+    targets = [r["curve"][-1][1] for r in runs["torch"]]
     rows = {}
-    for method, r in results.items():
-        reached = time_to(r["curve"], target)
+    for method, results in runs.items():
+        ratios = []
+        for r, t, target in zip(results, runs["torch"], targets):
+            reached = time_to(r["curve"], target)
+            ratios.append(None if reached is None else reached / time_to(t["curve"], target))
+        got = [x for x in ratios if x is not None]
         rows[method] = {
-            "time_to_target_x_torch": None if reached is None else reached / time_to(torch_curve, target),
-            "final_loss": r["curve"][-1][1],
-            "final_vs_torch": r["curve"][-1][1] / target - 1,
-            "bytes_per_step": r["bytes_per_step"],
-            "steps": r["steps"],
+            "time_to_target_x_torch": med(got) if len(got) > len(ratios) / 2 else None,
+            "ratios": ratios,
+            "final_vs_torch": med(r["curve"][-1][1] / target - 1 for r, target in zip(results, targets)),
+            "final_loss": med(r["curve"][-1][1] for r in results),
+            "bytes_per_step": med(r["bytes_per_step"] for r in results),
+            "steps": med(r["steps"] for r in results),
+            "outer_steps": med(r.get("outer_steps", 0) for r in results),
+            "local": r_is_local(method),
+            "step_s": med(r["step_s"] for r in results),
         }
-    return {"target_loss": target, "budget_s": budget, "methods": rows}
+    local = [row["step_s"] for row in rows.values() if row["local"]]
+    comm_share = 1 - med(local) / rows["torch"]["step_s"] if local else None
+    return {"target_loss": med(targets), "torch_comm_share": comm_share, "methods": rows}
+
+
+def r_is_local(method: str) -> bool:
+    return method.startswith(("diloco", "streaming"))
 
 
 def markdown(summary: dict, title: str) -> str:
+    share = summary["torch_comm_share"]
     lines = [
-        f"**{title}**: target = torch's final validation loss {summary['target_loss']:.3f}",
+        f"**{title}**: target = torch's final validation loss (median {summary['target_loss']:.3f}); torch spends "
+        + (f"{share:.0%} of its step communicating" if share is not None else "? of its step communicating"),
         "",
-        "| method | time to target (x torch) | final loss (vs torch) | MiB sent per step | steps |",
-        "|---|---:|---:|---:|---:|",
+        "| method | time to target (x torch): median (runs) | final loss vs torch | KiB sent per step | steps | outer "
+        "steps |",
+        "|---|---:|---:|---:|---:|---:|",
     ]
     for method, r in summary["methods"].items():
+        runs = ", ".join("-" if x is None else f"{x:.2f}" for x in r["ratios"])
         reached = "not reached" if r["time_to_target_x_torch"] is None else f"{r['time_to_target_x_torch']:.2f}"
+        outer = f"{r['outer_steps']:.0f}" if r["local"] else "-"
+        if r["local"] and r["outer_steps"] < MIN_OUTER_STEPS:
+            outer += f" (under {MIN_OUTER_STEPS}: not DiLoCo)"
         lines.append(
-            f"| {method} | {reached} | {r['final_loss']:.3f} ({r['final_vs_torch']:+.1%}) | "
-            f"{r['bytes_per_step'] / 2**20:.2f} | {r['steps']} |"
+            f"| {method} | {reached} ({runs}) | {r['final_vs_torch']:+.1%} | {r['bytes_per_step'] / 2**10:.1f} | "
+            f"{r['steps']:.0f} | {outer} |"
         )
     return "\n".join(lines)
 
@@ -119,14 +149,17 @@ def plot(results: dict[str, dict], summary: dict, out: Path, title: str) -> None
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.converge", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--task", default="gpt", choices=("gpt", "cnn"))
+    parser.add_argument("--task", default="gpt-small", choices=("gpt", "gpt-small", "cnn"))
     parser.add_argument("--methods", default=METHODS)
-    parser.add_argument("--link", default="1gbit")
+    parser.add_argument("--link", default="100mbit")
     parser.add_argument("--delay", default=None)
-    parser.add_argument("--budget", type=float, default=90.0)
-    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--budget", type=float, default=50.0)
+    parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--runs", type=int, default=3, help="runs per method, seeds 0, 1, ...; interleaved")
+    parser.add_argument("--warmup", type=int, default=50, help="a local method's synchronous warm-up steps")
+    parser.add_argument("--eval-every", type=float, default=2.5, help="training seconds between evaluations")
     parser.add_argument("--out", default="bench/results/converge")
-    parser.add_argument("--reuse", action="store_true", help="keep the methods already measured in --out")
+    parser.add_argument("--reuse", action="store_true", help="keep the runs already measured in --out")
     args = parser.parse_args(argv)
     reason = netlab.available()
     if reason:
@@ -134,15 +167,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     folder = Path(args.out)
     folder.mkdir(parents=True, exist_ok=True)
     tag = f"{args.task}-{args.link}" + (f"-{args.delay}" if args.delay else "")
-    results = {}
-    for method in args.methods.split(","):
-        path = folder / f"{tag}-{method}.json"
-        kept = args.reuse and path.exists() and "bytes_per_step" in json.loads(path.read_text())
-        results[method] = json.loads(path.read_text()) if kept else run_method(args, method, path)
-    summary = summarise(results)
+    methods = args.methods.split(",")
+    runs: dict[str, list[dict]] = {m: [] for m in methods}
+    for seed in range(args.runs):  # interleaved: the machine's noise spreads over every method alike
+        for method in methods:
+            path = folder / f"{tag}-{method}-seed{seed}.json"
+            kept = args.reuse and path.exists() and "bytes_per_step" in json.loads(path.read_text())
+            runs[method].append(json.loads(path.read_text()) if kept else run_method(args, method, path, seed))
+    summary = summarise(runs)
+    summary["command"] = "python -m bench.converge " + " ".join(sys.argv[1:] if argv is None else argv)
     title = f"{args.task} on {args.link}" + (f" + {args.delay}" if args.delay else "") + f", {args.budget:g} s budget"
     (folder / f"{tag}-summary.json").write_text(json.dumps(summary, indent=1))
-    plot(results, summary, folder / f"{tag}.png", title)
+    plot({m: r[0] for m, r in runs.items()}, summary, folder / f"{tag}.png", title)
     print(markdown(summary, title))
     return 0
 

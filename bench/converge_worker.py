@@ -2,8 +2,13 @@
 the validation loss at fixed intervals (the clock paused meanwhile), rank 0 writes the curve as JSON.
 
 Tasks: ``gpt`` is the zoo's GPT-style decoder, character-level, on the source of Python's ``argparse`` module (it
-ships with every Python; examples/train_chars.py trains on it too); ``cnn`` is examples/train_digits.py's CNN on
-scikit-learn's handwritten digits.
+ships with every Python; examples/train_chars.py trains on it too); ``gpt-small`` the same decoder at d = 64, 2
+layers, context 32 (113k parameters, ~9 ms a step here: thousands of steps in a minute); ``cnn`` is
+examples/train_digits.py's CNN on scikit-learn's handwritten digits.
+
+A local method (DiLoCo, Streaming DiLoCo) is evaluated on a synchronised model only, never one rank's own replica:
+DiLoCo right after an outer step (its replicas are the anchor then), Streaming DiLoCo on the average of the
+replicas, taken for the evaluation and undone after it (:func:`evaluate_synchronised`).
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ from __future__ import annotations
 import argparse
 import inspect
 import json
+import statistics
 import time
 
 import torch
@@ -21,7 +27,7 @@ import gradsync
 from gradsync import comm
 
 
-def gpt_task(rank: int) -> tuple[nn.Module, callable, callable, str]:
+def gpt_task(rank: int, seed: int = 0, small: bool = False) -> tuple[nn.Module, callable, callable, str]:
     from bench.zoo import TinyGPT
 
     text = inspect.getsource(argparse)
@@ -29,16 +35,16 @@ def gpt_task(rank: int) -> tuple[nn.Module, callable, callable, str]:
     data = torch.tensor([chars.index(c) for c in text], dtype=torch.long)
     split = int(0.9 * len(data))
     train, val = data[:split], data[split:]
-    ctx = 64
-    gen = torch.Generator().manual_seed(1000 + rank)
+    ctx = 32 if small else 64
+    gen = torch.Generator().manual_seed(1000 + rank + 100 * seed)
 
     def windows(source: torch.Tensor, n: int, g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
         starts = torch.randint(0, len(source) - ctx - 1, (n,), generator=g)
         x = torch.stack([source[s : s + ctx] for s in starts])
         return x, torch.stack([source[s + 1 : s + ctx + 1] for s in starts])
 
-    torch.manual_seed(0)
-    model = TinyGPT(vocab=len(chars), ctx=ctx)
+    torch.manual_seed(seed)
+    model = TinyGPT(vocab=len(chars), d=64, layers=2, ctx=ctx) if small else TinyGPT(vocab=len(chars), ctx=ctx)
     val_batches = [windows(val, 32, torch.Generator().manual_seed(7 + k)) for k in range(8)]
     loss = lambda out, y: nn.functional.cross_entropy(out.flatten(0, 1), y.flatten())  # noqa: E731
     return model, (lambda b: windows(train, b, gen)), _evaluator(model, val_batches, loss), "adamw"
@@ -85,8 +91,12 @@ def _evaluator(model: nn.Module, batches: list, loss) -> callable:
     return evaluate
 
 
-def build(method: str, model: nn.Module, lr: float) -> tuple[nn.Module, torch.optim.Optimizer, object]:
-    """(the training module, its optimizer, a DiLoCo or None) for ``method``."""
+def build(
+    method: str, model: nn.Module, lr: float, warmup: int = 0
+) -> tuple[nn.Module, torch.optim.Optimizer, object]:
+    """(the training module, its optimizer, a DiLoCo, a StreamingDiLoCo or None) for ``method``:
+    torch, gradsync, bf16, powersgd, int8, ``diloco<H>[-<wire>]``, ``streaming<H>-p<fragments>-d<delay>[-<wire>]``
+    (wire: bf16, int8, int4). Local methods warm up with ``warmup`` synchronous steps."""
     if method == "torch":
         ddp = torch.nn.parallel.DistributedDataParallel(model)
         return ddp, torch.optim.AdamW(model.parameters(), lr=lr), None
@@ -102,7 +112,21 @@ def build(method: str, model: nn.Module, lr: float) -> tuple[nn.Module, torch.op
         ddp.register_comm_hook(comm.QuantizedState(None, bits=8), comm.quantized_hook)
     elif method.startswith("diloco"):
         period, _, wire = method.removeprefix("diloco").partition("-")
-        outer = comm.DiLoCo(ddp, period=int(period), outer_lr=0.7, momentum=0.9, compression=wire or None)
+        outer = comm.DiLoCo(
+            ddp, period=int(period), outer_lr=0.7, momentum=0.9, warmup_steps=warmup, compression=wire or None
+        )
+    elif method.startswith("streaming"):
+        period, fragments, delay, *wire = method.removeprefix("streaming").split("-")
+        outer = comm.StreamingDiLoCo(
+            ddp,
+            period=int(period),
+            fragments=int(fragments.removeprefix("p")),
+            delay=int(delay.removeprefix("d")),
+            outer_lr=0.7,
+            momentum=0.9,
+            warmup_steps=warmup,
+            compression=wire[0] if wire else None,
+        )
     return ddp, torch.optim.AdamW(model.parameters(), lr=lr), outer
 
 
@@ -115,16 +139,23 @@ def main() -> None:
         ("--batch", int, 32),
         ("--lr", float, 3e-3),
         ("--eval-every", float, 6.0),
+        ("--warmup", int, 0),
+        ("--seed", int, 0),
         ("--out", str, ""),
     ):
         parser.add_argument(name, type=kind, default=default)
     args = parser.parse_args()
     info = gradsync.init(timeout=300)
     torch.set_num_threads(1)
-    model, batch, evaluate, _ = (gpt_task if args.task == "gpt" else cnn_task)(info.rank)
-    ddp, opt, outer = build(args.method, model, args.lr)
-    curve, steps, trained, next_eval = [(0.0, evaluate())], 0, 0.0, args.eval_every
-    while trained < args.budget:
+    if args.task == "cnn":
+        model, batch, evaluate, _ = cnn_task(info.rank)
+    else:
+        model, batch, evaluate, _ = gpt_task(info.rank, args.seed, small=args.task == "gpt-small")
+    ddp, opt, outer = build(args.method, model, args.lr, args.warmup)
+    diloco = isinstance(outer, comm.DiLoCo)
+    curve, steps, outer_steps, trained, next_eval = [(0.0, evaluate())], 0, 0, 0.0, args.eval_every
+    step_times: list[float] = []
+    while True:
         start = time.perf_counter()
         x, y = batch(args.batch)
         opt.zero_grad(set_to_none=True)
@@ -132,25 +163,46 @@ def main() -> None:
         out = ddp(x)
         loss_fn(out.flatten(0, 1), y.flatten()).backward() if out.dim() == 3 else loss_fn(out, y).backward()
         opt.step()
-        if outer is not None:
-            outer.step()
+        took_outer = bool(outer.step()) if outer is not None else False
+        outer_steps += took_outer
         steps += 1
         elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
         dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)  # the group's step time: every rank agrees on the clock
         trained += float(elapsed)
-        if trained >= next_eval or trained >= args.budget:
-            curve.append((trained, _agreed_eval(evaluate)))
+        step_times.append(float(elapsed))
+        # DiLoCo's replicas are one model only right after an outer step (or during warm-up): evaluate there.
+        synced_now = not diloco or took_outer or not outer.local
+        if synced_now and (trained >= next_eval or trained >= args.budget):
+            curve.append((trained, evaluate_synchronised(model, evaluate, average=outer is not None)))
             next_eval += args.eval_every
+            if trained >= args.budget:
+                break
+    if isinstance(outer, comm.StreamingDiLoCo):
+        outer_steps = min(outer.outer_steps)  # full passes over the model: every fragment exchanged this often
     if info.rank == 0:
+        result = {"task": args.task, "method": args.method, "steps": steps, "outer_steps": outer_steps}
+        result |= {"curve": curve, "step_s": statistics.median(step_times), "seed": args.seed}
+        result["outer_bytes"] = getattr(outer, "bytes_sent", 0)
         with open(args.out, "w") as fh:
-            json.dump({"task": args.task, "method": args.method, "steps": steps, "curve": curve}, fh)
+            json.dump(result, fh)
     gradsync.shutdown()
 
 
-def _agreed_eval(evaluate: callable) -> float:
-    """Rank 0's validation loss, the clock stopped (with DiLoCo between outer steps: rank 0's own model)."""
+@torch.no_grad()
+def evaluate_synchronised(model: nn.Module, evaluate: callable, average: bool) -> float:
+    """The validation loss of the model every rank agrees on, the clock stopped. ``average``: a local method's
+    replicas differ, so the evaluation reads their average, put in place for it and taken out after (training goes
+    on from each rank's own replica). Every rank computes it; the value is rank 0's (they are equal)."""
     dist.barrier()
+    params = [p for p in model.parameters()]
+    kept = [p.detach().clone() for p in params] if average else []
+    if average:
+        for p in params:
+            dist.all_reduce(p)
+            p.div_(dist.get_world_size())
     value = evaluate()
+    for p, mine in zip(params, kept):
+        p.copy_(mine)
     dist.barrier()
     return value
 

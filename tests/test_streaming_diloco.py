@@ -192,3 +192,38 @@ def test_a_delayed_exchange_applies_the_update_computed_when_it_began() -> None:
         assert r["outer_steps"] == [2, 2] and r["in_flight"] == 1
         assert r["checks"] and all(c["anchor_is_mean_then"] and c["merged"] for c in r["checks"]), r["checks"]
         assert not any(c["anchor_is_mean_now"] for c in r["checks"])  # not the parameters at landing
+
+
+def _evaluated(rank: int, world_size: int) -> dict:
+    from bench.converge_worker import evaluate_synchronised
+
+    model = _model()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(float(rank + 1))  # the replicas differ, as a local method's do between exchanges
+    own = [p.detach().clone() for p in model.parameters()]
+
+    def evaluate() -> float:  # what the evaluation reads: every rank's parameters, gathered
+        flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+        gathered = [torch.empty_like(flat) for _ in range(world_size)]
+        dist.all_gather(gathered, flat)
+        seen.append(gathered)
+        return float(flat.sum())
+
+    seen: list[list[torch.Tensor]] = []
+    evaluate_synchronised(model, evaluate, average=True)
+    restored = all(torch.equal(p, q) for p, q in zip(model.parameters(), own))
+    mean_of_own = torch.cat([p.reshape(-1) for p in own])
+    dist.all_reduce(mean_of_own)
+    return {"seen": seen[0], "restored": restored, "mean": mean_of_own / world_size}
+
+
+@pytest.mark.timeout(60)
+def test_evaluating_a_local_method_reads_a_synchronised_model() -> None:
+    """bench.converge's evaluation of DiLoCo-like replicas: every rank evaluates the same parameters, their
+    average, and training goes on from each rank's own replica afterwards."""
+    for r in spawn(_evaluated, timeout=50):
+        first, second = r["seen"]
+        assert torch.equal(first, second)
+        torch.testing.assert_close(first, r["mean"], rtol=0, atol=1e-6)
+        assert r["restored"]
