@@ -91,9 +91,7 @@ def _evaluator(model: nn.Module, batches: list, loss) -> callable:
     return evaluate
 
 
-def build(
-    method: str, model: nn.Module, lr: float, warmup: int = 0
-) -> tuple[nn.Module, torch.optim.Optimizer, object]:
+def build(method: str, model: nn.Module, lr: float, warmup: int = 0) -> tuple[nn.Module, torch.optim.Optimizer, object]:
     """(the training module, its optimizer, a DiLoCo, a StreamingDiLoCo or None) for ``method``:
     torch, gradsync, bf16, powersgd, int8, ``diloco<H>[-<wire>]``, ``streaming<H>-p<fragments>-d<delay>[-<wire>]``
     (wire: bf16, int8, int4). Local methods warm up with ``warmup`` synchronous steps."""

@@ -37,6 +37,11 @@ done
 $PY -m bench.repeat --runs 3 --models mlp,lnmlp,cnn,tiny --links loopback,1gbit --steps 20 --out bench/results/tuner/fast
 for link in 10gbit 1gbit; do $PY -m bench.scale --model resnet50 --ranks 1,2,4,8,16 --link "$link"; done
 $PY -m bench.paper_plan
-for link in 1gbit 100mbit; do $PY -m bench.converge --task gpt --link "$link" --budget 60; done
+METHODS=torch,int8,diloco32,diloco128,streaming32-p4-d2-int4
+$PY -m bench.converge --link 50mbit --budget 80 --runs 3 --methods $METHODS --out bench/results/converge-lab
+$PY -m bench.converge --link 400mbit --budget 40 --runs 3 --methods $METHODS --out bench/results/converge-lab
 $PY -m bench.elastic_lab --runs 3
+$PY -m bench.elastic_lab --runs 5 --etcd host
+$PY -m bench.elastic_lab --runs 3 --etcd link
+$PY -m bench.elastic_overhead --ranks 3 8 --runs 3 --store etcd
 $PY -m bench.sweep --out bench/results/sweep.json

@@ -1,7 +1,18 @@
 import os
 
+import pytest
 import torch
 
 # One thread per process: the ranks of a test share this machine's two cores.
 torch.set_num_threads(1)
 os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+
+
+@pytest.fixture
+def group_of_one():
+    """A process group of one in this process: enough for constructors that check their arguments."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()

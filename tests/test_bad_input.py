@@ -301,16 +301,6 @@ def test_a_parameter_unfrozen_after_wrapping_is_refused() -> None:
 
 
 # ------------------------------------------------------------------ the sweep's "vague" findings, made clear
-@pytest.fixture
-def group_of_one():
-    """A process group of one in this process: enough for constructors that check their arguments."""
-    import torch.distributed as dist
-
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
-
-
 def test_checkpoint_load_blames_map_location_not_the_file(tmp_path: Path) -> None:
     checkpoint.save(tmp_path / "ok.pt", step=1)
     with pytest.raises(ConfigError, match="map_location='gpu0'") as info:

@@ -36,13 +36,6 @@ def _inner_step(ddp: nn.Module, opt: torch.optim.Optimizer, rank: int, step: int
     opt.step()
 
 
-@pytest.fixture
-def group_of_one():
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
-
-
 def test_fragments_cover_every_parameter_exactly_once_per_period(group_of_one: None) -> None:
     ddp = gradsync.DistributedDataParallel(_model())
     streaming = StreamingDiLoCo(ddp, period=8, fragments=3)
@@ -227,3 +220,24 @@ def test_evaluating_a_local_method_reads_a_synchronised_model() -> None:
         assert torch.equal(first, second)
         torch.testing.assert_close(first, r["mean"], rtol=0, atol=1e-6)
         assert r["restored"]
+
+
+def test_the_readmes_local_method_lines_run_as_written(group_of_one: None) -> None:
+    """README's hook block: each line is one alternative, run as written on a fresh model, then a few steps."""
+    readme = (ROOT / "README.md").read_text()
+    section = readme[readme.index("## Communication hooks") :]
+    block = section.split("```python\n")[2].split("```", 1)[0]
+    lines = [line for line in block.splitlines() if line.strip()]
+    assert len(lines) == 3 and "StreamingDiLoCo" in lines[2]
+    for line in lines:
+        model = _model()
+        names: dict = {"ddp": gradsync.DistributedDataParallel(model), "comm": gradsync.comm}
+        exec(line, names)
+        opt = torch.optim.AdamW(model.parameters(), lr=0.01)
+        method = names.get("diloco") or names.get("streaming")
+        for step in range(60):
+            _inner_step(names["ddp"], opt, 0, step)
+            if method is not None:
+                method.step()
+        if method is not None:
+            assert method.step_count == 60

@@ -20,14 +20,12 @@ from typing import Any
 
 import torch
 
-from gradsync.collectives.communicator import Communicator
-from gradsync.comm.grad_bucket import GradBucket
-from gradsync.comm.local_sgd import allreduce_unless_local
+from gradsync.comm.local_sgd import LocalPhases
 from gradsync.comm.outer_exchange import check_wire, start_average
 from gradsync.validate import require_ddp, require_int, require_number
 
 
-class DiLoCo:
+class DiLoCo(LocalPhases):
     """Attach to a DDP model before the first backward; call :meth:`step` after each inner ``optimizer.step()``.
 
     Example::
@@ -67,15 +65,6 @@ class DiLoCo:
         self.outer = torch.optim.SGD(self._anchor, lr=outer_lr, **kind)  # type: ignore[arg-type]
         ddp.register_comm_hook(None, self._hook)
 
-    @property
-    def local(self) -> bool:
-        """True once warm-up is over and gradients stay on their rank."""
-        return self.step_count >= self.warmup_steps
-
-    @property
-    def _comm(self) -> Communicator:
-        return self.ddp.communicator  # the model's current one: an elastic regroup replaces it
-
     def state_dict(self) -> dict[str, Any]:
         """What every rank holds alike: the step count, the anchor (the parameters of the last outer step) and the
         outer optimizer's state. For checkpoints, and sent from rank 0 to every member after an elastic regroup."""
@@ -95,9 +84,6 @@ class DiLoCo:
     def for_new_group(self) -> None:
         """A membership change keeps nothing per rank here: the anchor and the outer state are shared (rank 0's
         arrive with :meth:`load_state_dict`), and each member trains on from rank 0's parameters."""
-
-    def _hook(self, _state: Any, bucket: GradBucket) -> torch.futures.Future:
-        return allreduce_unless_local(self.local, self.ddp.process_group, bucket)
 
     def step(self) -> bool:
         """Count an inner step; every ``period`` steps after warm-up, take an outer step. True when it did."""

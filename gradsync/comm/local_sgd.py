@@ -20,7 +20,29 @@ from gradsync.comm.grad_bucket import GradBucket
 from gradsync.validate import require_ddp, require_int
 
 
-class PostLocalSGD:
+class LocalPhases:
+    """What the local methods share (post-local SGD, DiLoCo, Streaming DiLoCo): a warm-up of ``warmup_steps``
+    synchronous steps, whose gradients the model's hook all-reduces, then local steps, whose gradients stay on
+    their rank. Set ``ddp``, ``step_count`` and ``warmup_steps``, and register :meth:`_hook` on the model."""
+
+    ddp: Any
+    step_count: int
+    warmup_steps: int
+
+    @property
+    def local(self) -> bool:
+        """True once warm-up is over and gradients stay on their rank."""
+        return self.step_count >= self.warmup_steps
+
+    @property
+    def _comm(self) -> Communicator:
+        return self.ddp.communicator  # the model's current one: an elastic regroup replaces it
+
+    def _hook(self, _state: Any, bucket: GradBucket) -> torch.futures.Future:
+        return allreduce_unless_local(self.local, self.ddp.process_group, bucket)
+
+
+class PostLocalSGD(LocalPhases):
     """Attach to a DDP model before the first backward; call :meth:`step` after each ``optimizer.step()``.
 
     Example::
@@ -39,11 +61,6 @@ class PostLocalSGD:
         self.step_count = 0
         ddp.register_comm_hook(None, self._hook)
 
-    @property
-    def local(self) -> bool:
-        """True once warm-up is over and gradients stay on their rank."""
-        return self.step_count >= self.warmup_steps
-
     def state_dict(self) -> dict[str, Any]:
         """The step count, which every rank holds alike (for checkpoints and elastic regroups)."""
         return {"step_count": self.step_count}
@@ -53,9 +70,6 @@ class PostLocalSGD:
 
     def for_new_group(self) -> None:
         """A membership change keeps nothing per rank here (the step count arrives with :meth:`load_state_dict`)."""
-
-    def _hook(self, _state: Any, bucket: GradBucket) -> torch.futures.Future:
-        return allreduce_unless_local(self.local, self.ddp.process_group, bucket)
 
     def step(self) -> bool:
         """Count an optimizer step; average the parameters if one is due. Returns True when it averaged."""

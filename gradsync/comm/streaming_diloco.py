@@ -25,9 +25,7 @@ from typing import Any
 
 import torch
 
-from gradsync.collectives.communicator import Communicator
-from gradsync.comm.grad_bucket import GradBucket
-from gradsync.comm.local_sgd import allreduce_unless_local
+from gradsync.comm.local_sgd import LocalPhases
 from gradsync.comm.outer_exchange import Exchange, check_wire, start_average
 from gradsync.errors import ConfigError
 from gradsync.validate import require_ddp, require_int, require_number
@@ -40,7 +38,7 @@ class _InFlight:
     exchange: Exchange
 
 
-class StreamingDiLoCo:
+class StreamingDiLoCo(LocalPhases):
     """Attach to a DDP model before the first backward; call :meth:`step` after each inner ``optimizer.step()``,
     and :meth:`finish` once training ends (it applies the exchanges still in flight).
 
@@ -95,15 +93,6 @@ class StreamingDiLoCo:
         self._in_flight: list[_InFlight] = []
         ddp.register_comm_hook(None, self._hook)
 
-    @property
-    def local(self) -> bool:
-        """True once warm-up is over and gradients stay on their rank."""
-        return self.step_count >= self.warmup_steps
-
-    @property
-    def _comm(self) -> Communicator:
-        return self.ddp.communicator  # the model's current one: an elastic regroup replaces it
-
     def offset(self, fragment: int) -> int:
         """The inner step (after warm-up, from 1) of ``fragment``'s first exchange; the next ones follow every
         ``period`` steps."""
@@ -113,9 +102,6 @@ class StreamingDiLoCo:
         """The fragments whose exchange starts after inner step ``step`` (counted after warm-up, from 1)."""
         offsets = [self.offset(f) for f in range(len(self.fragments))]
         return [f for f, first in enumerate(offsets) if step >= first and (step - first) % self.period == 0]
-
-    def _hook(self, _state: Any, bucket: GradBucket) -> torch.futures.Future:
-        return allreduce_unless_local(self.local, self.ddp.process_group, bucket)
 
     def step(self) -> list[int]:
         """Count an inner step: start the exchanges due now, apply those that have travelled ``delay`` steps.
