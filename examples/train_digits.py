@@ -106,21 +106,22 @@ def evaluate() -> float:
 
 # -------------------------------------------------------------------------------------------- train
 started = time.perf_counter()
-progress = Progress(
-    TextColumn("epoch {task.fields[epoch]}"),
-    BarColumn(),
-    MofNCompleteColumn(),
-    TextColumn("loss {task.fields[loss]:.3f}"),
-    TimeElapsedColumn(),
-    console=console,
-    disable=not info.is_main,
-)
+
+
+def epoch_bar() -> Progress:
+    """One bar per epoch, printed when its epoch ends, so each epoch's line follows its own bar (one Progress for
+    every epoch would keep all the bars in rich's live region, below every line printed meanwhile)."""
+    columns = (TextColumn("epoch {task.fields[epoch]}"), BarColumn(), MofNCompleteColumn())
+    columns += (TextColumn("loss {task.fields[loss]:.3f}"), TimeElapsedColumn())
+    return Progress(*columns, console=console, disable=not info.is_main)
+
+
 accuracy = 0.0
-with progress:
-    for epoch in range(start_epoch, args.epochs):
-        loader.set_epoch(epoch)
+for epoch in range(start_epoch, args.epochs):
+    loader.set_epoch(epoch)
+    finished_epoch = True
+    with epoch_bar() as progress:
         task = progress.add_task("train", total=len(loader), epoch=epoch, loss=float("nan"))
-        finished_epoch = True
         for x, y in loader:
             x, y = x.to(info.device), y.to(info.device)
             loss = nn.functional.cross_entropy(ddp(x), y)
@@ -132,12 +133,12 @@ with progress:
             if args.max_steps and step >= args.max_steps:
                 finished_epoch = False  # the loader's state records how far into this epoch we got
                 break
-        accuracy = evaluate()
-        next_epoch = epoch + 1 if finished_epoch else epoch
-        checkpoint.save(ckpt_path, model=ddp, optimizer=optimizer, loader=loader, epoch=next_epoch, step=step)
-        log(f"epoch {epoch}: test accuracy {accuracy:.2%} (checkpoint: {ckpt_path})")
-        if args.max_steps and step >= args.max_steps:
-            break
+    accuracy = evaluate()
+    next_epoch = epoch + 1 if finished_epoch else epoch
+    checkpoint.save(ckpt_path, model=ddp, optimizer=optimizer, loader=loader, epoch=next_epoch, step=step)
+    log(f"epoch {epoch}: test accuracy {accuracy:.2%} (checkpoint: {ckpt_path})")
+    if args.max_steps and step >= args.max_steps:
+        break
 
 log(f"[bold green]done[/]: {step} steps in {time.perf_counter() - started:.1f}s, test accuracy {accuracy:.2%}")
 monitor.print_summary(console)

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -48,3 +50,28 @@ def test_char_transformer_with_no_sync_accumulation_learns(tmp_path: Path) -> No
     proc = _launch(tmp_path, EXAMPLE.with_name("train_chars.py"), "--steps", "40", "--accum", "2")
     found = re.search(r"FINAL_VAL_LOSS (\S+) UNIFORM (\S+)", proc.stdout)
     assert float(found.group(1)) < 0.6 * float(found.group(2)), proc.stdout  # far better than guessing
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed (Debian: apt-get install tmux)")
+def test_in_a_terminal_each_epochs_bar_comes_before_its_line(tmp_path: Path) -> None:
+    """`gradsync run` on the main job in a real terminal (a tmux pane): each epoch's progress bar, then its line.
+    One Progress for every epoch kept all the bars in rich's live region, below every epoch line (the same
+    without gradsync run: rich's layout, not the launcher's)."""
+    session = f"gsmain{os.getpid()}"
+    done = tmp_path / "done"
+    command = f"{sys.executable} -m gradsync run --nproc-per-node 2 --standalone {EXAMPLE} --epochs 3 --out "
+    command += f"{tmp_path / 'ckpt'}; touch {done}; sleep 60"
+    pane_size = ["-x", "150", "-y", "60"]
+    subprocess.run(["tmux", "new-session", "-d", "-s", session, *pane_size, command], check=True, cwd=tmp_path)
+    try:
+        deadline = time.monotonic() + 150
+        while not done.exists():
+            assert time.monotonic() < deadline, "the job did not end"
+            time.sleep(0.5)
+        pane = subprocess.run(["tmux", "capture-pane", "-t", session, "-p"], capture_output=True, text=True).stdout
+    finally:
+        subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True)
+    lines = [line for line in pane.splitlines() if re.match(r"epoch \d", line)]
+    expected = [f"epoch {e}{kind}" for e in range(3) for kind in (" ━", ": test accuracy")]
+    assert [line[: len(want)] for line, want in zip(lines, expected)] == expected and len(lines) == 6, pane
