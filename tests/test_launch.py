@@ -87,3 +87,84 @@ def test_single_process_without_launcher(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RANK", "WORLD_SIZE", "MASTER_", "SLURM_"))}
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env)
     assert proc.returncode == 0 and "single ok" in proc.stdout, proc.stderr
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _pet_env(**pet: str) -> dict[str, str]:
+    """A pod's environment as Kubeflow's training operator leaves it: PET_* for torchrun's flags."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RANK", "WORLD_SIZE", "MASTER_", "PET_"))}
+    return env | {f"PET_{k}": v for k, v in pet.items()}
+
+
+_ENV_KEYS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_WORLD_SIZE")
+
+
+@pytest.mark.timeout(180)
+def test_gradsync_run_takes_its_configuration_from_pet_variables_as_torchrun_does(tmp_path: Path) -> None:
+    """No flags: nodes, workers per node, node rank, master and restarts from PET_* (torchrun's `env` action, which
+    Kubeflow's PyTorchJob and TorchX rely on). Both launchers give their workers the same ranks and sizes."""
+    seen = {}
+    for launcher in ("torchrun", "gradsync"):
+        out = tmp_path / launcher
+        out.mkdir()
+        pet = dict(NNODES="1", NPROC_PER_NODE="2", NODE_RANK="0", MASTER_ADDR="127.0.0.1", MAX_RESTARTS="0")
+        env = _pet_env(**pet, MASTER_PORT=str(_free_port()))
+        module = ["torch.distributed.run"] if launcher == "torchrun" else ["gradsync", "run"]
+        argv = [sys.executable, "-m", *module, str(SCRIPTS / "env_dump.py"), str(out)]
+        done = subprocess.run(argv, env=env, capture_output=True, timeout=120)
+        assert done.returncode == 0, done.stderr[-3000:]
+        records = [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
+        seen[launcher] = [{k: rec.get(k) for k in _ENV_KEYS} for rec in records]
+    assert seen["gradsync"] == seen["torchrun"] and seen["gradsync"][1]["WORLD_SIZE"] == "2", seen
+
+
+def _manifest(name: str) -> dict:
+    yaml = pytest.importorskip("yaml")
+    return yaml.safe_load((Path(__file__).parents[1] / "examples" / "kubernetes" / name).read_text())
+
+
+@pytest.mark.timeout(180)
+def test_the_static_pytorchjobs_command_runs_with_the_variables_the_operator_sets(tmp_path: Path) -> None:
+    """examples/kubernetes/pytorchjob.yaml's command, as written, in one "pod" with the PET_* variables the
+    operator sets for it (here a one-pod job, so that it runs on this machine)."""
+    job = _manifest("pytorchjob.yaml")
+    command = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]["command"]
+    assert command[:2] == ["gradsync", "run"]
+    (tmp_path / "examples").symlink_to(Path(__file__).parents[1] / "examples")  # the image's working directory
+    pet = dict(NNODES="1", NPROC_PER_NODE=job["spec"]["nprocPerNode"], NODE_RANK="0", MASTER_ADDR="127.0.0.1")
+    env = _pet_env(**pet, MASTER_PORT=str(_free_port()))
+    env["PATH"] = f"{Path(sys.executable).parent}:{env['PATH']}"
+    done = subprocess.run(command, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=150)
+    assert done.returncode == 0 and "FINAL_ACCURACY" in done.stdout, done.stderr[-3000:]
+    assert "2 rank(s)" in done.stdout
+
+
+def test_the_elastic_pytorchjobs_command_reads_the_operators_elastic_variables(monkeypatch: pytest.MonkeyPatch) -> None:
+    """examples/kubernetes/pytorchjob-elastic.yaml: with its elasticPolicy the operator sets PET_NNODES to
+    min:max, PET_RDZV_ID to the job's name (the job's keys in etcd), PET_MAX_RESTARTS and the rendezvous."""
+    from gradsync.runtime.launch import _parser
+
+    job = _manifest("pytorchjob-elastic.yaml")
+    policy = job["spec"]["elasticPolicy"]
+    command = job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]["command"]
+    pet = {
+        "NNODES": f"{policy['minReplicas']}:{policy['maxReplicas']}",
+        "NPROC_PER_NODE": job["spec"]["nprocPerNode"],
+        "RDZV_BACKEND": policy["rdzvBackend"],
+        "RDZV_ENDPOINT": "gradsync-elastic-worker-0:29400",
+        "RDZV_ID": job["metadata"]["name"],
+        "MAX_RESTARTS": str(policy["maxRestarts"]),
+    }
+    for key, value in pet.items():
+        monkeypatch.setenv(f"PET_{key}", value)
+    args = _parser().parse_args(command[2:])
+    assert args.elastic and args.store.startswith("etcd://") and args.rdzv_id == "gradsync-elastic"
+    assert (args.nnodes, args.nproc_per_node, args.max_restarts) == ("2:3", "1", 5)
+    assert args.training_script == "train.py"
