@@ -154,3 +154,42 @@ def test_a_device_clock_places_the_gpu_timeline_and_is_read_only_when_done() -> 
     recorder.forward_end()
     steps = recorder.steps  # the last step's start and forward end are still running: reading waits for them
     assert clock.waited == 2 and steps[-1].forward_end - steps[-1].forward_start == pytest.approx(1.0)
+
+
+def _train_to_tensorboard(rank: int, world_size: int, logdir: str) -> dict:
+    from torch.utils.tensorboard import SummaryWriter
+
+    torch.manual_seed(0)
+    model = nn.Sequential(*[nn.Linear(64, 64) for _ in range(4)])
+    ddp = gradsync.DistributedDataParallel(model, bucket_cap_mb=0.015)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    monitor = Monitor(ddp, opt)
+    writer = SummaryWriter(f"{logdir}/rank{rank}")
+    for step in range(6):
+        opt.zero_grad()
+        ddp(torch.randn(16, 64)).pow(2).mean().backward()
+        opt.step()
+        if step >= 2:
+            monitor.log_to_tensorboard(writer, global_step=step)
+    writer.close()
+    breakdown = monitor.breakdown()
+    return {"bytes": breakdown.bytes, "total": breakdown.total}
+
+
+@pytest.mark.timeout(90)
+def test_the_monitor_writes_to_a_real_tensorboard_event_file(tmp_path: Path) -> None:
+    """torch's SummaryWriter, and the event file read back with TensorBoard's own reader (the `tensorboard`
+    package, in the test extras)."""
+    pytest.importorskip("tensorboard", reason="the tensorboard package (pip install -e '.[test]') is not installed")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    results = spawn(_train_to_tensorboard, args=(str(tmp_path),), timeout=80)
+    for rank, res in enumerate(results):
+        events = EventAccumulator(str(tmp_path / f"rank{rank}"))
+        events.Reload()
+        tags = set(events.Tags()["scalars"])
+        wanted = {"forward", "backward", "exposed_comm", "optimizer", "total", "overlap", "bytes"}
+        assert tags == {f"gradsync/{k}" for k in wanted}
+        assert [e.step for e in events.Scalars("gradsync/total")] == [2, 3, 4, 5]
+        assert events.Scalars("gradsync/bytes")[-1].value == res["bytes"]
+        assert events.Scalars("gradsync/total")[-1].value == pytest.approx(res["total"], rel=1e-6)
