@@ -193,3 +193,36 @@ def test_the_monitor_writes_to_a_real_tensorboard_event_file(tmp_path: Path) -> 
         assert [e.step for e in events.Scalars("gradsync/total")] == [2, 3, 4, 5]
         assert events.Scalars("gradsync/bytes")[-1].value == res["bytes"]
         assert events.Scalars("gradsync/total")[-1].value == pytest.approx(res["total"], rel=1e-6)
+
+
+def _profiled(rank: int, world_size: int, folder: str) -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(*[nn.Linear(64, 64) for _ in range(4)])
+    ddp = gradsync.DistributedDataParallel(model, bucket_cap_mb=0.015)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        for _ in range(4):
+            opt.zero_grad()
+            ddp(torch.randn(16, 64)).pow(2).mean().backward()
+            opt.step()
+            prof.step()
+    prof.export_chrome_trace(f"{folder}/rank{rank}.json")
+
+
+@pytest.mark.timeout(120)
+def test_a_torch_profiler_trace_of_a_gradsync_job_is_what_holistic_trace_analysis_reads(tmp_path: Path) -> None:
+    """gradsync's collectives are torch.distributed's, so torch.profiler's trace of a gradsync job carries the
+    `distributedInfo` block (rank, world size, backend) and every bucket's all-reduce, and HTA loads the ranks'
+    traces as one job. Its communication/computation overlap counts GPU kernels: a CPU (gloo) trace has none, so it
+    is undefined here (NaN); on CPU, the Monitor's breakdown gives the overlap instead."""
+    hta = pytest.importorskip("hta.trace_analysis", reason="HolisticTraceAnalysis (pip install -e '.[traces]')")
+    spawn(_profiled, args=(str(tmp_path),), timeout=100)
+    for rank in range(2):
+        trace = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        assert trace["distributedInfo"]["rank"] == rank and trace["distributedInfo"]["world_size"] == 2
+        assert trace["distributedInfo"]["backend"] == "gloo"
+        reduces = [e for e in trace["traceEvents"] if e.get("name") == "gloo:all_reduce"]
+        assert len(reduces) >= 4 * 3  # 4 steps, at least 3 buckets each
+    analysis = hta.TraceAnalysis(trace_dir=str(tmp_path))
+    overlap = analysis.get_comm_comp_overlap(visualize=False)
+    assert sorted(overlap["rank"]) == [0, 1]
