@@ -16,11 +16,16 @@ from gradsync.observe.report import main as report_main
 from gradsync.testing import spawn
 
 
-def _train(rank: int, world_size: int, trace: str) -> dict:
+def _four_layers() -> tuple[nn.Module, gradsync.DistributedDataParallel, torch.optim.Optimizer]:
+    """Four linear layers in buckets of ~15 KB (several buckets a step), and their SGD."""
     torch.manual_seed(0)
     model = nn.Sequential(*[nn.Linear(64, 64) for _ in range(4)])
     ddp = gradsync.DistributedDataParallel(model, bucket_cap_mb=0.015)
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    return model, ddp, torch.optim.SGD(model.parameters(), lr=0.01)
+
+
+def _train(rank: int, world_size: int, trace: str) -> dict:
+    model, ddp, opt = _four_layers()
     monitor = Monitor(ddp, opt)
     for _ in range(5):
         opt.zero_grad()
@@ -159,10 +164,7 @@ def test_a_device_clock_places_the_gpu_timeline_and_is_read_only_when_done() -> 
 def _train_to_tensorboard(rank: int, world_size: int, logdir: str) -> dict:
     from torch.utils.tensorboard import SummaryWriter
 
-    torch.manual_seed(0)
-    model = nn.Sequential(*[nn.Linear(64, 64) for _ in range(4)])
-    ddp = gradsync.DistributedDataParallel(model, bucket_cap_mb=0.015)
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    model, ddp, opt = _four_layers()
     monitor = Monitor(ddp, opt)
     writer = SummaryWriter(f"{logdir}/rank{rank}")
     for step in range(6):
@@ -196,10 +198,7 @@ def test_the_monitor_writes_to_a_real_tensorboard_event_file(tmp_path: Path) -> 
 
 
 def _profiled(rank: int, world_size: int, folder: str) -> None:
-    torch.manual_seed(0)
-    model = nn.Sequential(*[nn.Linear(64, 64) for _ in range(4)])
-    ddp = gradsync.DistributedDataParallel(model, bucket_cap_mb=0.015)
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    model, ddp, opt = _four_layers()
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
         for _ in range(4):
             opt.zero_grad()
