@@ -52,3 +52,42 @@ def test_accelerate_with_gradsync_matches_accelerates_ddp(tmp_path: Path) -> Non
         _train("accelerate_train.py", "gradsync", tmp_path / "g.pt"),
         _train("accelerate_train.py", "ddp", tmp_path / "t.pt"),
     )
+
+
+def _ray_env() -> dict[str, str]:
+    # Ray's workers import gradsync from this checkout; no dashboard, no usage report (a closed network).
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RANK", "WORLD_SIZE", "MASTER_", "LOCAL_"))}
+    root = str(Path(__file__).parents[1])
+    return env | {"PYTHONPATH": root, "RAY_USAGE_STATS_ENABLED": "0", "RAY_DISABLE_DOCKER_CPU_WARNING": "1"}
+
+
+@pytest.mark.timeout(240)
+def test_ray_trains_torchtrainer_with_gradsync_to_the_weights_of_rays_own_ddp(tmp_path: Path) -> None:
+    pytest.importorskip("ray.train", reason="Ray Train (pip install -e '.[ray]') is not installed")
+    import json
+
+    run = subprocess.run(
+        [sys.executable, str(SCRIPTS / "ray_train.py"), str(tmp_path)],
+        env=_ray_env(),
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=220,
+    )
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
+    ours = [json.loads((tmp_path / f"gradsync-{r}.json").read_text()) for r in range(2)]
+    rays = [json.loads((tmp_path / f"torch-{r}.json").read_text()) for r in range(2)]
+    assert ours == rays and ours[0] == ours[1]  # bit for bit, and the two workers agree
+
+
+@pytest.mark.timeout(240)
+def test_the_readmes_ray_block_runs_as_written(tmp_path: Path) -> None:
+    pytest.importorskip("ray.train", reason="Ray Train (pip install -e '.[ray]') is not installed")
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    section = readme[readme.index("Ray Train needs no integration code") :]
+    script = tmp_path / "ray_readme.py"
+    script.write_text(section.split("```python\n", 1)[1].split("```", 1)[0])
+    run = subprocess.run(
+        [sys.executable, str(script)], env=_ray_env(), cwd=tmp_path, capture_output=True, text=True, timeout=220
+    )
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
