@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from gradsync.comm.local_sgd import LocalPhases
-from gradsync.comm.outer_exchange import check_wire, start_average
+from gradsync.comm.outer_exchange import apply_outer_step, check_wire, pseudo_gradient, reset_anchors, start_average
 from gradsync.validate import require_ddp, require_int, require_number
 
 
@@ -89,29 +89,18 @@ class DiLoCo(LocalPhases):
         """Count an inner step; every ``period`` steps after warm-up, take an outer step. True when it did."""
         self.step_count += 1
         if self.step_count <= self.warmup_steps:
-            self._reset_anchor()  # warm-up trains in sync: the outer loop starts from where it ends
+            reset_anchors(self._anchor, self._params)
             return False
         if (self.step_count - self.warmup_steps) % self.period:
             return False
         self._outer_step()
         return True
 
-    @torch.no_grad()
     def _outer_step(self) -> None:
-        pseudo = [anchor - p for anchor, p in zip(self._anchor, self._params)]
-        flat = self._average(torch.cat([g.reshape(-1) for g in pseudo]).float())
-        for anchor, piece in zip(self._anchor, flat.split([g.numel() for g in pseudo])):
-            anchor.grad = piece.view_as(anchor).to(anchor.dtype)
-        self.outer.step()
-        for p, anchor in zip(self._params, self._anchor):
-            p.copy_(anchor)
+        average = self._average(pseudo_gradient(self._anchor, self._params))
+        apply_outer_step(self.outer, self._anchor, self._params, average)
 
     def _average(self, flat: torch.Tensor) -> torch.Tensor:
         exchange = start_average(self._comm, flat, self.compression)
         self.bytes_sent += exchange.bytes_sent
         return exchange.result()
-
-    @torch.no_grad()
-    def _reset_anchor(self) -> None:
-        for anchor, p in zip(self._anchor, self._params):
-            anchor.copy_(p)

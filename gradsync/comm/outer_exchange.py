@@ -27,6 +27,39 @@ from gradsync.errors import ConfigError
 WIRES = (None, "bf16", "int8", "int4")
 
 
+@torch.no_grad()
+def pseudo_gradient(anchors: list[torch.nn.Parameter], params: list[torch.nn.Parameter]) -> torch.Tensor:
+    """The parameters at the last outer step minus those now, flat, in fp32: what the ranks average."""
+    return torch.cat([(anchor - p).reshape(-1) for anchor, p in zip(anchors, params)]).float()
+
+
+@torch.no_grad()
+def apply_outer_step(
+    outer: torch.optim.Optimizer,
+    anchors: list[torch.nn.Parameter],
+    params: list[torch.nn.Parameter],
+    average: torch.Tensor,
+    mixing: float = 0.0,
+) -> None:
+    """The outer optimizer moves ``anchors`` along the averaged pseudo-gradient; the parameters then take the new
+    anchors (``mixing`` 0, DiLoCo) or ``mixing * params + (1 - mixing) * anchors`` (Streaming DiLoCo's merge)."""
+    for anchor, piece in zip(anchors, average.split([a.numel() for a in anchors])):
+        anchor.grad = piece.view_as(anchor).to(anchor.dtype)
+    outer.step()
+    for p, anchor in zip(params, anchors):
+        if mixing:
+            p.mul_(mixing).add_(anchor, alpha=1.0 - mixing)
+        else:
+            p.copy_(anchor)
+
+
+@torch.no_grad()
+def reset_anchors(anchors: list[torch.nn.Parameter], params: list[torch.nn.Parameter]) -> None:
+    """During a synchronous warm-up: the outer loop starts from where it ends."""
+    for anchor, p in zip(anchors, params):
+        anchor.copy_(p)
+
+
 def check_wire(owner: str, wire: str | None) -> str | None:
     if wire not in WIRES:
         raise ConfigError(f"{owner}: compression must be one of {WIRES}, got {wire!r}")

@@ -26,7 +26,14 @@ from typing import Any
 import torch
 
 from gradsync.comm.local_sgd import LocalPhases
-from gradsync.comm.outer_exchange import Exchange, check_wire, start_average
+from gradsync.comm.outer_exchange import (
+    Exchange,
+    apply_outer_step,
+    check_wire,
+    pseudo_gradient,
+    reset_anchors,
+    start_average,
+)
 from gradsync.errors import ConfigError
 from gradsync.validate import require_ddp, require_int, require_number
 
@@ -108,7 +115,8 @@ class StreamingDiLoCo(LocalPhases):
         Returns the fragments applied."""
         self.step_count += 1
         if self.step_count <= self.warmup_steps:
-            self._reset_anchors()  # warm-up trains in sync: the outer loop starts from where it ends
+            for anchors, params in zip(self._anchors, self.fragments):
+                reset_anchors(anchors, params)
             return []
         step = self.step_count - self.warmup_steps
         for fragment in self.due(step):
@@ -125,30 +133,17 @@ class StreamingDiLoCo(LocalPhases):
             self._land(flight)
         return [f.fragment for f in landed]
 
-    @torch.no_grad()
     def _start(self, fragment: int, step: int) -> None:
-        pseudo = [(a - p).reshape(-1) for a, p in zip(self._anchors[fragment], self.fragments[fragment])]
-        exchange = start_average(self._comm, torch.cat(pseudo).float(), self.compression, index=fragment)
+        pseudo = pseudo_gradient(self._anchors[fragment], self.fragments[fragment])
+        exchange = start_average(self._comm, pseudo, self.compression, index=fragment)
         self.bytes_sent += exchange.bytes_sent
         self._in_flight.append(_InFlight(fragment, step, exchange))
 
-    @torch.no_grad()
     def _land(self, flight: _InFlight) -> None:
         self._in_flight.remove(flight)
-        anchors, params = self._anchors[flight.fragment], self.fragments[flight.fragment]
-        average = flight.exchange.result()
-        for anchor, piece in zip(anchors, average.split([a.numel() for a in anchors])):
-            anchor.grad = piece.view_as(anchor).to(anchor.dtype)
-        self._outer[flight.fragment].step()
-        for p, anchor in zip(params, anchors):
-            p.mul_(self.mixing).add_(anchor, alpha=1.0 - self.mixing)
-        self.outer_steps[flight.fragment] += 1
-
-    @torch.no_grad()
-    def _reset_anchors(self) -> None:
-        for anchors, params in zip(self._anchors, self.fragments):
-            for anchor, p in zip(anchors, params):
-                anchor.copy_(p)
+        f = flight.fragment
+        apply_outer_step(self._outer[f], self._anchors[f], self.fragments[f], flight.exchange.result(), self.mixing)
+        self.outer_steps[f] += 1
 
     # ------------------------------------------------------------------------------- checkpoints and regroups
     def state_dict(self) -> dict[str, Any]:
