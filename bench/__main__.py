@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -28,14 +27,9 @@ from bench.plot import plot
 from bench.ranks import wait_ranks
 from bench.zoo import MODELS
 from gradsync.reducer.rebuild import TRIAL_PAIRS
+from gradsync.testing import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _worker_argv(args, out: Path) -> list[str]:
@@ -69,7 +63,7 @@ def run(args) -> dict:
     base = {k: v for k, v in os.environ.items() if not k.startswith(("RANK", "WORLD_SIZE", "MASTER_", "LOCAL_"))}
     base.update({"WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)})
     if args.link == "loopback":
-        port = str(_free_port())
+        port = str(free_port())
         envs = [
             dict(base, RANK=str(r), LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=port, GLOO_SOCKET_IFNAME="lo")
             for r in range(2)

@@ -13,7 +13,6 @@ import contextlib
 import dataclasses
 import shutil
 import signal
-import socket
 import subprocess
 import time
 import urllib.request
@@ -21,6 +20,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from bench import netlab
+from gradsync.testing import free_port
 
 CLIENT_PORT, PEER_PORT = 2379, 2380
 
@@ -30,12 +30,6 @@ def available() -> str | None:
     if shutil.which("etcd") is None:
         return "etcd is not installed (Debian: apt-get install etcd-server; .ci/run installs it)"
     return None
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclasses.dataclass
@@ -128,7 +122,7 @@ def cluster(work: Path, members: int = 3, hosts: Sequence[netlab.Host] | None = 
     for i in range(len(hosts) if hosts else members):
         host = hosts[i] if hosts else None
         address = host.address if host else "127.0.0.1"
-        client, peer = (CLIENT_PORT, PEER_PORT) if host else (_free_port(), _free_port())
+        client, peer = (CLIENT_PORT, PEER_PORT) if host else (free_port(), free_port())
         made.append(Member(f"m{i}", address, client, peer, work / f"m{i}.data", host))
     etcd = Cluster(made, work)
     try:

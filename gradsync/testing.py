@@ -13,6 +13,7 @@ import multiprocessing as mp
 import os
 import pickle
 import queue
+import socket
 import time
 import traceback
 from collections.abc import Callable
@@ -41,6 +42,16 @@ class SpawnError(RuntimeError):
         self.results = results
         lines = [f"rank {f.rank}: {f.kind}: {f.message}\n{f.traceback}" for f in failures.values()]
         super().__init__(f"{len(failures)} rank(s) failed:\n" + "\n".join(lines))
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port free on ``host`` now, for a launcher, a store or a server a test starts (the OS picks it).
+
+    >>> port = free_port()
+    """
+    with socket.socket() as probe:
+        probe.bind((host, 0))
+        return probe.getsockname()[1]
 
 
 def _context() -> mp.context.ForkServerContext:

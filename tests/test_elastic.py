@@ -272,12 +272,11 @@ def test_the_readmes_elastic_examples_run_as_written(tmp_path: Path, block: int)
 def _run_elastic_on_loopback(script_and_args: list[str], cwd: Path, **env: str) -> None:
     """``gradsync run --elastic`` with 2 workers on this host, on a free port; it must end well."""
     import os
-    import socket
     import subprocess
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    from gradsync.testing import free_port
+
+    port = free_port()
     argv = [sys.executable, "-m", "gradsync", "run", "--elastic", "--nnodes", "1", "--nproc-per-node", "2"]
     argv += ["--rdzv-endpoint", f"127.0.0.1:{port}", *script_and_args]
     variables = {k: v for k, v in os.environ.items() if not k.startswith(("RANK", "WORLD_SIZE", "MASTER_"))}

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from gradsync.runtime.env import discover, expand_slurm_nodelist
+from gradsync.testing import free_port
 
 SCRIPTS = Path(__file__).parent / "scripts"
 
@@ -89,14 +90,6 @@ def test_single_process_without_launcher(tmp_path: Path) -> None:
     assert proc.returncode == 0 and "single ok" in proc.stdout, proc.stderr
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _pet_env(**pet: str) -> dict[str, str]:
     """A pod's environment as Kubeflow's training operator leaves it: PET_* for torchrun's flags."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RANK", "WORLD_SIZE", "MASTER_", "PET_"))}
@@ -115,7 +108,7 @@ def test_gradsync_run_takes_its_configuration_from_pet_variables_as_torchrun_doe
         out = tmp_path / launcher
         out.mkdir()
         pet = dict(NNODES="1", NPROC_PER_NODE="2", NODE_RANK="0", MASTER_ADDR="127.0.0.1", MAX_RESTARTS="0")
-        env = _pet_env(**pet, MASTER_PORT=str(_free_port()))
+        env = _pet_env(**pet, MASTER_PORT=str(free_port()))
         module = ["torch.distributed.run"] if launcher == "torchrun" else ["gradsync", "run"]
         argv = [sys.executable, "-m", *module, str(SCRIPTS / "env_dump.py"), str(out)]
         done = subprocess.run(argv, env=env, capture_output=True, timeout=120)
@@ -139,7 +132,7 @@ def test_the_static_pytorchjobs_command_runs_with_the_variables_the_operator_set
     assert command[:2] == ["gradsync", "run"]
     (tmp_path / "examples").symlink_to(Path(__file__).parents[1] / "examples")  # the image's working directory
     pet = dict(NNODES="1", NPROC_PER_NODE=job["spec"]["nprocPerNode"], NODE_RANK="0", MASTER_ADDR="127.0.0.1")
-    env = _pet_env(**pet, MASTER_PORT=str(_free_port()))
+    env = _pet_env(**pet, MASTER_PORT=str(free_port()))
     env["PATH"] = f"{Path(sys.executable).parent}:{env['PATH']}"
     done = subprocess.run(command, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=150)
     assert done.returncode == 0 and "FINAL_ACCURACY" in done.stdout, done.stderr[-3000:]

@@ -3,13 +3,12 @@ fresh process, so its environment is its own)."""
 
 from __future__ import annotations
 
-import socket
-
 import torch
 
 import gradsync
 from bench.sweep.core import case, ranks
 from bench.sweep.util import Big, setenv
+from gradsync.testing import free_port
 
 CAT = "environment"
 LAUNCH_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
@@ -20,12 +19,6 @@ def _init(backend: str | None = None, timeout=None, **env: str | None):
     setenv(**env)
     info = gradsync.init(backend=backend, timeout=timeout)
     return {"rank": info.rank, "world": info.world_size, "backend": info.backend}
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @case("env_rank_without_world_size", CAT, "RANK=1 set, WORLD_SIZE missing, gradsync.init()", ["WORLD_SIZE"])
@@ -101,7 +94,7 @@ def _():
     timeout=40,
 )
 def _():
-    port = str(_free_port())
+    port = str(free_port())
     return _init(RANK="0", WORLD_SIZE="1", MASTER_ADDR="no-such-host.invalid", MASTER_PORT=port, GRADSYNC_TIMEOUT="5")
 
 
@@ -113,7 +106,7 @@ def _():
     timeout=40,
 )
 def _():
-    port = str(_free_port())
+    port = str(free_port())
     return _init(RANK="0", WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=port, GRADSYNC_TIMEOUT="5")
 
 
