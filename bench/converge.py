@@ -1,7 +1,10 @@
 """``python -m bench.converge``: methods that send less, judged by the time to reach torch's loss, not step time.
 
-    python -m bench.converge --task gpt-small --link 100mbit --budget 50 --runs 3   # communication-bound
-    python -m bench.converge --task gpt-small --link 1gbit --budget 50 --runs 3     # balanced
+    M=torch,int8,diloco32,diloco128,streaming32-p4-d2-int4
+    python -m bench.converge --link 50mbit --budget 80 --runs 3 --methods $M --out bench/results/converge-lab
+    python -m bench.converge --link 400mbit --budget 40 --runs 3 --methods $M --out bench/results/converge-lab
+
+(the first communication-bound, torch 85% on the wire; the second balanced, 42%: README's tables)
 
 Each method trains on 2 ranks, each in its own network namespace behind a link shaped to ``--link`` (and
 ``--delay`` each way), for the same wall-clock budget of training (evaluation pauses the clock). The target is the
@@ -92,7 +95,7 @@ def summarise(runs: dict[str, list[dict]]) -> dict:
             "bytes_per_step": med(r["bytes_per_step"] for r in results),
             "steps": med(r["steps"] for r in results),
             "outer_steps": med(r.get("outer_steps", 0) for r in results),
-            "local": r_is_local(method),
+            "local": is_local(method),
             "step_s": med(r["step_s"] for r in results),
         }
     local = [row["step_s"] for row in rows.values() if row["local"]]
@@ -100,7 +103,7 @@ def summarise(runs: dict[str, list[dict]]) -> dict:
     return {"target_loss": med(targets), "torch_comm_share": comm_share, "methods": rows}
 
 
-def r_is_local(method: str) -> bool:
+def is_local(method: str) -> bool:
     return method.startswith(("diloco", "streaming"))
 
 

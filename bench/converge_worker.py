@@ -192,14 +192,11 @@ def evaluate_synchronised(model: nn.Module, evaluate: callable, average: bool) -
     replicas differ, so the evaluation reads their average, put in place for it and taken out after (training goes
     on from each rank's own replica). Every rank computes it; the value is rank 0's (they are equal)."""
     dist.barrier()
-    params = [p for p in model.parameters()]
-    kept = [p.detach().clone() for p in params] if average else []
+    kept = [p.detach().clone() for p in model.parameters()] if average else []
     if average:
-        for p in params:
-            dist.all_reduce(p)
-            p.div_(dist.get_world_size())
+        comm.average_parameters(model)
     value = evaluate()
-    for p, mine in zip(params, kept):
+    for p, mine in zip(model.parameters(), kept):
         p.copy_(mine)
     dist.barrier()
     return value

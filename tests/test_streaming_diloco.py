@@ -15,6 +15,7 @@ from torch import nn
 
 import gradsync
 from gradsync.comm import DiLoCo, StreamingDiLoCo
+from gradsync.comm.local_sgd import allreduce_unless_local
 from gradsync.errors import ConfigError
 from gradsync.testing import spawn
 
@@ -119,9 +120,7 @@ def _blocking_reference(rank: int, world_size: int, split: list[int], period: in
 
 
 def _local_only(_state, bucket):
-    fut = torch.futures.Future()
-    fut.set_result(bucket.buffer())
-    return fut
+    return allreduce_unless_local(True, None, bucket)  # every gradient stays on its rank
 
 
 def _streaming_without_delay(rank: int, world_size: int, fragments: int, period: int) -> dict:
