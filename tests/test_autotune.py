@@ -10,7 +10,7 @@ from torch import nn
 
 import gradsync
 from gradsync.observe.clock import HostClock
-from gradsync.reducer import autotune, rebuild
+from gradsync.reducer import autotune, caps, rebuild
 from gradsync.reducer.autotune import LinkCost, choose_size_limits, predict_finish, ready_seconds
 from gradsync.reducer.buckets import MIB
 from gradsync.reducer.rebuild import Trial
@@ -72,16 +72,36 @@ def test_ready_seconds_fills_never_ready_with_the_end() -> None:
 
 
 def test_tuning_enabled(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert autotune.tuning_enabled(None) and autotune.tuning_enabled("auto")
-    assert not autotune.tuning_enabled(25)
+    assert caps.tuning_enabled(None) and caps.tuning_enabled("auto")
+    assert not caps.tuning_enabled(25)
     # On a GPU the tuner is not yet checked against measurement: it runs only when asked for.
-    assert not autotune.tuning_enabled(None, "cuda") and autotune.tuning_enabled("auto", "cuda")
+    assert not caps.tuning_enabled(None, "cuda") and caps.tuning_enabled("auto", "cuda")
     for off in ("0", "off", "False", "no"):
         monkeypatch.setenv("GRADSYNC_BUCKET_TUNING", off)
-        assert not autotune.tuning_enabled(None) and autotune.tuning_enabled("auto")
+        assert not caps.tuning_enabled(None) and caps.tuning_enabled("auto")
+        assert caps.tuning_enabled(None, "cpu", switch=True)  # the constructor's switch wins over the variable
+    monkeypatch.setenv("GRADSYNC_BUCKET_TUNING", "1")
+    assert not caps.tuning_enabled(None, "cpu", switch=False) and not caps.tuning_enabled(25, "cpu", switch=True)
     monkeypatch.setenv("GRADSYNC_BUCKET_TUNING", "maybe")
     with pytest.raises(gradsync.GradsyncError, match="GRADSYNC_BUCKET_TUNING='maybe' is not a boolean"):
-        autotune.tuning_enabled(None)
+        caps.tuning_enabled(None)
+
+
+def test_the_constructor_switches_parse_once_into_one_value(group_of_one: None, monkeypatch) -> None:
+    monkeypatch.setenv("GRADSYNC_BUCKET_TUNING", "1")
+    monkeypatch.setenv("GRADSYNC_DEBUG", "0")
+    model = gradsync.DistributedDataParallel(
+        torch.nn.Linear(4, 4), bucket_cap_mb_list=[1, 2], bucket_tuning=False, check_desync=True
+    )
+    config = model._config
+    assert config.caps.limits == (MIB, 2 * MIB) and not config.caps.tune and config.check_desync
+    assert model.communicator.check_desync  # the communicator takes the parsed switch, not the variable
+    asked = ({"bucket_cap_mb_list": [1, 2]}, {}, {"bucket_cap_mb": 3}, {"bucket_cap_mb": 4, "bucket_cap_mb_list": [2]})
+    for kwargs in asked:
+        ours = gradsync.DistributedDataParallel(torch.nn.Linear(4, 4), **kwargs)
+        theirs = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 4), **kwargs)
+        for name in ("bucket_bytes_cap", "bucket_bytes_cap_list", "bucket_bytes_cap_default"):
+            assert getattr(ours, name) == getattr(theirs, name), (kwargs, name)
 
 
 def test_trial_alternates_and_keeps_only_a_measured_gain() -> None:

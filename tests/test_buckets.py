@@ -9,7 +9,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from gradsync.reducer.buckets import assign_buckets, make_bucket, size_limits
+from gradsync.reducer.buckets import assign_buckets, make_bucket
+from gradsync.reducer.caps import size_limits
 
 
 def _random_tensors(rng: random.Random, n: int) -> list[torch.Tensor]:

@@ -16,8 +16,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from gradsync import settings
 from gradsync.errors import ConfigError
-from gradsync.reducer.buckets import MIB, size_limits
+from gradsync.reducer.caps import BucketCaps
 from gradsync.reducer.mode import GraphMode
 
 # torch arguments gradsync accepts only at their defaults (None / False).
@@ -53,7 +54,8 @@ def check_hook_signature(hook: object) -> None:
 class Config:
     """What the reducer is built from, kept so an unpickled or copied model can build its own."""
 
-    bucket_cap_mb: Any
+    caps: BucketCaps
+    check_desync: bool  # GRADSYNC_DEBUG's checks: every collective compared across ranks before it runs
     as_view: bool
     mode: GraphMode
     skip_unused: bool
@@ -62,8 +64,17 @@ class Config:
 
     @classmethod
     def of(
-        cls, module: nn.Module, cap: Any, as_view: bool, find_unused: bool, static: bool, skip_unused: bool
+        cls,
+        module: nn.Module,
+        caps: tuple[float | str | None, Sequence[float] | None],
+        switches: tuple[bool | None, bool | None],
+        as_view: bool,
+        find_unused: bool,
+        static: bool,
+        skip_unused: bool,
     ) -> Config:
+        """``caps``: (bucket_cap_mb, bucket_cap_mb_list); ``switches``: (bucket_tuning, check_desync), None for
+        their environment defaults (``GRADSYNC_BUCKET_TUNING``, ``GRADSYNC_DEBUG``), read here and nowhere else."""
         if not isinstance(module, nn.Module):
             raise TypeError(f"gradsync.DistributedDataParallel wraps an nn.Module, got {type(module).__name__}")
         if not dist.is_available() or not dist.is_initialized():
@@ -73,7 +84,17 @@ class Config:
             )
         ignored = frozenset(getattr(module, "_ddp_params_and_buffers_to_ignore", ()))
         mode = GraphMode.from_flags(find_unused, static)
-        config = cls(cap, as_view, mode, skip_unused and find_unused, ignored, sparse_parameters(module))
+        tuning, check_desync = switches
+        device = next((p.device.type for p in module.parameters() if p.requires_grad), "cpu")
+        config = cls(
+            BucketCaps.parse(*caps, tuning=tuning, device_type=device),
+            settings.debug() if check_desync is None else check_desync,
+            as_view,
+            mode,
+            skip_unused and find_unused,
+            ignored,
+            sparse_parameters(module),
+        )
         meta = [n for n, p in module.named_parameters() if p.device.type == "meta"]
         if meta:
             raise ConfigError(
@@ -143,13 +164,6 @@ def warn_deprecated(broadcast_buffers: bool | None, forward_sync_buffers: bool |
             FutureWarning,
             stacklevel=3,
         )
-
-
-def bucket_bytes_caps(cap_mb: Any, cap_list: Sequence[float] | None) -> tuple[int, list[int]]:
-    """torch's ``bucket_bytes_cap`` and ``bucket_bytes_cap_list`` attributes."""
-    size_limits(cap_list or cap_mb)  # refuses a cap that is not a finite number of MiB > 0, naming it
-    cap = 25.0 if cap_mb is None or isinstance(cap_mb, str) else cap_mb
-    return int(cap * MIB), [int(c * MIB) for c in cap_list or ()]
 
 
 def buffer_sync_flags(broadcast_buffers: bool | None, forward_sync_buffers: bool | None) -> tuple[bool, bool]:

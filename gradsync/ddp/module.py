@@ -18,14 +18,12 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.algorithms.join import Join, Joinable, JoinHook
 
-from gradsync import settings
 from gradsync.collectives.communicator import Communicator, Op
 from gradsync.collectives.tensors import broadcast_tensors
 from gradsync.comm import regroup
 from gradsync.ddp import compiled
 from gradsync.ddp.arguments import (
     Config,
-    bucket_bytes_caps,
     buffer_sync_flags,
     check_device_types,
     check_hook_signature,
@@ -57,6 +55,11 @@ class DistributedDataParallel(nn.Module, Joinable):
     small gradients are copied into their bucket with one fused copy. After ``loss.backward()`` returns, every
     parameter's ``.grad`` holds the average over the process group, so ``optimizer.step()`` keeps all replicas
     identical and training equals one process training on all ranks' batches at once.
+
+    Two keyword arguments are gradsync's own, each defaulting to its environment variable: ``bucket_tuning``
+    (``GRADSYNC_BUCKET_TUNING``, on: whether ``bucket_cap_mb=None`` may tune) and ``check_desync``
+    (``GRADSYNC_DEBUG``, off: compare every collective across ranks before it runs, and name the first that
+    differs). Every rank must pass the same values; a difference is refused at construction.
 
     Example::
 
@@ -91,6 +94,8 @@ class DistributedDataParallel(nn.Module, Joinable):
         bucket_cap_mb_list: Sequence[float] | None = None,
         batched_grad_copy: bool = False,
         forward_sync_buffers: bool | None = None,
+        bucket_tuning: bool | None = None,
+        check_desync: bool | None = None,
         **unsupported: Any,
     ) -> None:
         super().__init__()
@@ -100,7 +105,8 @@ class DistributedDataParallel(nn.Module, Joinable):
         self.module = module
         self._config = Config.of(
             module,
-            bucket_cap_mb_list or bucket_cap_mb,
+            (bucket_cap_mb, bucket_cap_mb_list),
+            (bucket_tuning, check_desync),
             gradient_as_bucket_view,
             find_unused_parameters,
             static_graph,
@@ -119,8 +125,9 @@ class DistributedDataParallel(nn.Module, Joinable):
         self.require_backward_grad_sync = True
         # torch's name: the previous forward was a synced one, so this forward broadcasts the buffers.
         self.require_forward_param_sync = True
-        self.bucket_bytes_cap, self.bucket_bytes_cap_list = bucket_bytes_caps(bucket_cap_mb, bucket_cap_mb_list)
-        self._bucket_caps_asked = (bucket_cap_mb, bucket_cap_mb_list)  # None: tuned; else the layout is fixed
+        self.bucket_bytes_cap = self._config.caps.bytes_cap  # torch's attributes
+        self.bucket_bytes_cap_list = list(self._config.caps.bytes_cap_list)
+        self.bucket_bytes_cap_default = self._config.caps.is_default
         self._join_divides_by_initial_world_size = True
         self._hook: tuple[Any, CommHook] | None = None  # (state, hook) as registered: carried across a regroup
         self._build_runtime()
@@ -130,13 +137,14 @@ class DistributedDataParallel(nn.Module, Joinable):
 
     def _collective_settings(self) -> dict[str, object]:
         """What decides the collectives each step issues: every rank must agree (checked at construction)."""
+        config = self._config
         return {
-            "bucket_cap_mb": self._bucket_caps_asked,
+            "bucket_cap_mb": config.caps.asked,
             "find_unused_parameters": self.find_unused_parameters,
             "static_graph": self.static_graph,
             "forward_sync_buffers": self.forward_sync_buffers,
-            "GRADSYNC_DEBUG": settings.debug(),
-            "GRADSYNC_BUCKET_TUNING": settings.bucket_tuning(),
+            "check_desync (GRADSYNC_DEBUG)": config.check_desync,
+            "bucket_tuning (GRADSYNC_BUCKET_TUNING)": config.caps.tune,
         }
 
     def _build_runtime(self) -> None:
@@ -146,7 +154,7 @@ class DistributedDataParallel(nn.Module, Joinable):
         named = config.trainable(self.module)
         self._params = [p for _, p in named]
         device = self._params[0].device if self._params else None
-        self._comm = Communicator(self._process_group, check_desync=settings.debug(), device=device)
+        self._comm = Communicator(self._process_group, check_desync=config.check_desync, device=device)
         self._buffer_sync = BufferSync(self.module, self._comm, config.ignored)
         self._recorder = Recorder()
         self._progress = watchdog.progress_reporter() or _no_progress  # gradsync run --watchdog
@@ -158,7 +166,7 @@ class DistributedDataParallel(nn.Module, Joinable):
             self._params,
             [n for n, _ in named],
             self._comm,
-            config.bucket_cap_mb,
+            config.caps,
             config.as_view,
             config.mode,
             sparse=[n in config.sparse for n, _ in named],

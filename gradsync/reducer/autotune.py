@@ -26,7 +26,6 @@ from dataclasses import dataclass
 
 import torch
 
-from gradsync import settings
 from gradsync.collectives.communicator import Communicator, Op
 from gradsync.reducer import buckets
 from gradsync.reducer.buckets import MIB, assign_buckets
@@ -38,18 +37,6 @@ PROBE_BYTES = (1 * MIB, 4 * MIB)
 PROBE_REPEATS = 3
 MIN_GAIN = 0.05  # of the predicted backward + communication time under the default caps
 TIE = 0.01
-
-
-def tuning_enabled(bucket_cap_mb: object, device_type: str = "cpu") -> bool:
-    """``"auto"`` tunes; None (torch's default) tunes unless ``GRADSYNC_BUCKET_TUNING`` is off, or the model is on a
-    GPU; a number never does.
-
-    On a GPU the tuner times with CUDA events (:mod:`gradsync.observe.clock`), but neither its cost model nor its
-    trial has been checked against measurement there yet, so it decides nothing by default: a CUDA model keeps
-    torch's caps unless ``bucket_cap_mb="auto"`` asks for the tuner."""
-    if bucket_cap_mb is None:
-        return settings.bucket_tuning() and device_type != "cuda"
-    return bucket_cap_mb == "auto"
 
 
 @dataclass(frozen=True)

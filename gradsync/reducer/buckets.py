@@ -6,12 +6,10 @@ gradients are packed into flat buffers ("buckets") of about ``bucket_cap_mb`` ea
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 import torch
 
-from gradsync.errors import ConfigError
 from gradsync.reducer.sparse_bucket import SparseBucket
 
 MIB = 1024 * 1024
@@ -22,39 +20,6 @@ DEFAULT_FIRST_BUCKET_BYTES = 1 * MIB
 # backward, so the bucket launches right after its last gradient); smaller ones are copied together, in one fused
 # copy when the bucket is full (a copy call per tiny gradient would cost more than the copying).
 EAGER_COPY_NUMEL = 4096
-
-
-def size_limits(bucket_cap_mb: float | str | Sequence[float] | None) -> list[int]:
-    """Byte limits for the first bucket and the rest, from ``bucket_cap_mb``.
-
-    None or ``"auto"``: torch's default, 25 MiB with a 1 MiB first bucket (small, so communication starts early);
-    with ``"auto"`` (and None unless tuning is switched off) these are only iteration 1's limits and
-    :mod:`gradsync.reducer.autotune` may choose others at the rebuild. A number: that many MiB for every bucket,
-    first included (as torch does when a cap is given). A list (torch's ``bucket_cap_mb_list``): the k-th bucket's
-    cap, the last one for all later buckets.
-
-    >>> size_limits(None)
-    [1048576, 26214400]
-    """
-    if bucket_cap_mb is None or bucket_cap_mb == "auto":
-        return [DEFAULT_FIRST_BUCKET_BYTES, int(DEFAULT_BUCKET_CAP_MB * MIB)]
-    if isinstance(bucket_cap_mb, Sequence) and not isinstance(bucket_cap_mb, str):
-        if not bucket_cap_mb or not all(_is_cap(cap) for cap in bucket_cap_mb):
-            raise ConfigError(
-                f"bucket_cap_mb_list must hold finite caps > 0 (MiB per bucket), got {list(bucket_cap_mb)}"
-            )
-        return [max(int(cap * MIB), 1) for cap in bucket_cap_mb]
-    if not _is_cap(bucket_cap_mb):
-        raise ConfigError(
-            f"bucket_cap_mb must be a finite number > 0 (MiB per bucket), None or 'auto', got {bucket_cap_mb!r}; "
-            "for a single bucket holding every gradient pass a cap larger than the model, e.g. 1e6"
-        )
-    cap = max(int(bucket_cap_mb * MIB), 1)
-    return [cap, cap]
-
-
-def _is_cap(cap: object) -> bool:
-    return isinstance(cap, (int, float)) and not isinstance(cap, bool) and math.isfinite(cap) and cap > 0
 
 
 def assign_buckets(

@@ -28,8 +28,9 @@ from gradsync.errors import ConfigError, GradientError
 from gradsync.observe.clock import clock_for
 from gradsync.observe.recorder import Recorder
 from gradsync.reducer import messages, ready
-from gradsync.reducer.autotune import BucketTuning, tuning_enabled
-from gradsync.reducer.buckets import AnyBucket, size_limits
+from gradsync.reducer.autotune import BucketTuning
+from gradsync.reducer.buckets import AnyBucket
+from gradsync.reducer.caps import BucketCaps
 from gradsync.reducer.layout import BucketLayout, Storage
 from gradsync.reducer.mode import GraphMode
 from gradsync.reducer.rebuild import Rebuild, State
@@ -52,7 +53,7 @@ class Reducer:
         params: Sequence[torch.nn.Parameter],
         names: Sequence[str],
         comm: Communicator,
-        bucket_cap_mb: float | str | Sequence[float] | None = None,
+        caps: BucketCaps,
         gradient_as_bucket_view: bool = False,
         mode: GraphMode = GraphMode.ALL_USED,
         sparse: Sequence[bool] | None = None,
@@ -62,13 +63,11 @@ class Reducer:
         self.names = list(names)
         self.comm = comm
         self.mode = mode
-        limits = size_limits(bucket_cap_mb)
         # Iteration 1: reverse registration order, torch's guess at the order gradients become ready.
         first_order = list(reversed(range(len(self.params))))
-        self.layout = BucketLayout(self.params, first_order, limits, gradient_as_bucket_view, sparse)
+        self.layout = BucketLayout(self.params, first_order, list(caps.limits), gradient_as_bucket_view, sparse)
         device = self.params[0].device if self.params else torch.device("cpu")
-        tune = tuning_enabled(bucket_cap_mb, device.type)
-        self._rebuild = Rebuild(self.params, comm, self.layout, mode.rebuilds, tune, clock_for(device))
+        self._rebuild = Rebuild(self.params, comm, self.layout, mode.rebuilds, caps.tune, clock_for(device))
         self._usage = GlobalUsage(len(self.params), mode, comm, assume_same_everywhere=skip_unused)
         self._comm_hook: CommHook | None = None
         self._comm_state: Any = None
