@@ -1,11 +1,13 @@
 """The environment variables gradsync reads, parsed in one place: each is read once, where an object is built, and a
 value gradsync cannot use is refused by name instead of being taken for something else.
 
-| variable | meaning | default |
-|---|---|---|
-| ``GRADSYNC_DEBUG`` | compare every collective's fingerprint across ranks first | off |
-| ``GRADSYNC_BUCKET_TUNING`` | tune bucket sizes at the rebuild when ``bucket_cap_mb=None`` | on |
-| ``GRADSYNC_TIMEOUT`` | seconds before a collective fails instead of hanging | 600 |
+========================== ========================================================================= =======
+variable                   meaning                                                                   default
+========================== ========================================================================= =======
+``GRADSYNC_DEBUG``         compare every collective's fingerprint across ranks first                 off
+``GRADSYNC_BUCKET_TUNING`` tune bucket sizes at the rebuild when ``bucket_cap_mb=None``              on
+``GRADSYNC_TIMEOUT``       seconds before a collective fails instead of hanging                      600
+========================== ========================================================================= =======
 """
 
 from __future__ import annotations
