@@ -24,7 +24,7 @@ Example::
     train(gradsync.elastic.State(job, model=ddp, optimizer=opt, loader=loader, epoch=0))
 
 The store lives in the launcher of the node serving the rendezvous; if that node is lost, the job cannot coordinate
-and ends (restart it from a checkpoint, e.g. ``gradsync run --max-restarts``). See docs/elastic.md, "Surviving failures".
+and ends (restart it from a checkpoint, e.g. ``gradsync run --max-restarts``). See docs/elastic.md.
 """
 
 from __future__ import annotations
