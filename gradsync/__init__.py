@@ -1,12 +1,12 @@
 """gradsync: data-parallel training for PyTorch, in readable Python. A drop-in for torch's DDP."""
 
 from gradsync import elastic  # README's gradsync.elastic.init(...) after a plain `import gradsync`
-from gradsync.comm.grad_bucket import GradBucket
 from gradsync.data import DistributedLoader, DistributedSampler
 from gradsync.ddp import DistributedDataParallel
 from gradsync.errors import GradsyncError
 from gradsync.nn import SyncBatchNorm
 from gradsync.optim import ShardedOptimizer, ZeroRedundancyOptimizer
+from gradsync.reducer.grad_bucket import GradBucket
 from gradsync.runtime import checkpoint
 from gradsync.runtime.env import DistInfo, init, shutdown
 

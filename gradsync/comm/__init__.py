@@ -1,23 +1,26 @@
 """Communication hooks: what crosses the network for each bucket.
 
-PowerSGD (Vogels et al., NeurIPS 2019) is torch's own implementation, re-exported: it runs unchanged on gradsync's
-DDP and gives torch's DDP's results exactly (tests/test_comm_hooks.py), so gradsync does not write it again.
+torch's default hooks (all-reduce, fp16/bf16 compression and their wrappers, :mod:`.default_hooks`) and PowerSGD
+(Vogels et al., NeurIPS 2019) are torch's own implementations, re-exported: they run unchanged on gradsync's DDP and
+give torch's DDP's results exactly (tests/test_comm_hooks.py), so gradsync does not write them again. What is
+gradsync's own is what torch lacks: the 8/4-bit hook with error feedback, local SGD methods (PostLocalSGD, DiLoCo,
+Streaming DiLoCo), and averaging parameters through the model's communicator.
 """
 
 from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import PowerSGDState, powerSGD_hook
 
-from gradsync.comm.compression import (
+from gradsync.comm.default_hooks import (
+    allreduce_hook,
     bf16_compress_hook,
     bf16_compress_wrapper,
     fp16_compress_hook,
     fp16_compress_wrapper,
 )
-from gradsync.comm.default_hooks import allreduce_hook
 from gradsync.comm.diloco import DiLoCo
-from gradsync.comm.grad_bucket import GradBucket
 from gradsync.comm.local_sgd import PostLocalSGD, average_parameters
 from gradsync.comm.quantized import QuantizedState, quantized_hook
 from gradsync.comm.streaming_diloco import StreamingDiLoCo
+from gradsync.reducer.grad_bucket import GradBucket
 
 __all__ = [
     "DiLoCo",

@@ -1,25 +1,29 @@
-"""The default communication hook: average a bucket with one asynchronous all-reduce.
+"""torch's default communication hooks, re-exported: they run unchanged on gradsync's :class:`GradBucket`.
 
-Matches ``torch.distributed.algorithms.ddp_comm_hooks.default_hooks.allreduce_hook``: divide by the world size
-first, then sum, so results agree with torch's DDP bit for bit.
+``allreduce_hook`` (divide by the world size, then sum), ``fp16_compress_hook`` / ``bf16_compress_hook`` (the same
+in half precision, half the bytes on the wire) and the ``*_compress_wrapper`` forms (compress around any other hook)
+are torch's own functions (``torch.distributed.algorithms.ddp_comm_hooks.default_hooks``). They call only
+``GradBucket``'s public methods, which gradsync's bucket has with torch's meanings, and under ``torch.compile`` they
+switch to functional collectives themselves; ``tests/test_comm_hooks.py`` runs each on gradsync's DDP against
+torch's DDP. So gradsync does not write them again.
+
+Example::
+
+    ddp.register_comm_hook(None, gradsync.comm.bf16_compress_hook)
 """
 
-from __future__ import annotations
+from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import (
+    allreduce_hook,
+    bf16_compress_hook,
+    bf16_compress_wrapper,
+    fp16_compress_hook,
+    fp16_compress_wrapper,
+)
 
-import torch
-import torch.distributed as dist
-
-from gradsync.collectives.groups import resolve
-from gradsync.comm.grad_bucket import GradBucket
-
-
-def allreduce_hook(process_group: dist.ProcessGroup | None, bucket: GradBucket) -> torch.futures.Future[torch.Tensor]:
-    """Average ``bucket.buffer()`` across ``process_group`` (default: the world group).
-
-    >>> ddp.register_comm_hook(None, allreduce_hook)  # doctest: +SKIP
-    """
-    group = resolve(process_group)
-    tensor = bucket.buffer()
-    tensor.div_(group.size())
-    work = dist.all_reduce(tensor, group=group, async_op=True)
-    return work.get_future().then(lambda fut: fut.value()[0])
+__all__ = [
+    "allreduce_hook",
+    "bf16_compress_hook",
+    "bf16_compress_wrapper",
+    "fp16_compress_hook",
+    "fp16_compress_wrapper",
+]

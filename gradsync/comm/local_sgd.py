@@ -16,7 +16,7 @@ import torch.distributed as dist
 from gradsync.collectives.communicator import Communicator, Op
 from gradsync.collectives.tensors import average_tensors
 from gradsync.comm.default_hooks import allreduce_hook
-from gradsync.comm.grad_bucket import GradBucket
+from gradsync.reducer.grad_bucket import GradBucket
 from gradsync.validate import require_ddp, require_int
 
 
@@ -85,8 +85,8 @@ def allreduce_unless_local(
     local: bool, process_group: dist.ProcessGroup | None, bucket: GradBucket
 ) -> torch.futures.Future[torch.Tensor]:
     """The comm hook of local SGD methods: average during warm-up, afterwards keep this rank's own gradients."""
-    if not local:
-        return allreduce_hook(process_group, bucket)
+    if not local:  # torch's hook, typed for torch's GradBucket: ours has its methods; None means the world group
+        return allreduce_hook(process_group, bucket)  # type: ignore[arg-type]
     fut: torch.futures.Future = torch.futures.Future()
     fut.set_result(bucket.buffer())
     return fut

@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 
 from gradsync.collectives.communicator import Communicator, Op
-from gradsync.comm.grad_bucket import GradBucket
+from gradsync.reducer.grad_bucket import GradBucket
 
 
 @dataclasses.dataclass

@@ -38,9 +38,9 @@ from gradsync.ddp.replicas import broadcast_initial_state, verify_same_model
 from gradsync.ddp.tree import iter_tensors, replace_tensors, to_device
 from gradsync.errors import ConfigError
 from gradsync.observe.recorder import Recorder
-from gradsync.reducer.reducer import CommHook, Reducer
-from gradsync.reducer.sink import pass_through_sink
-from gradsync.runtime import watchdog
+from gradsync.reducer.reducer import Reducer
+from gradsync.reducer.reduction import CommHook
+from gradsync.runtime import progress
 
 
 class DistributedDataParallel(nn.Module, Joinable):
@@ -157,7 +157,7 @@ class DistributedDataParallel(nn.Module, Joinable):
         self._comm = Communicator(self._process_group, check_desync=config.check_desync, device=device)
         self._buffer_sync = BufferSync(self.module, self._comm, config.ignored)
         self._recorder = Recorder()
-        self._progress = watchdog.progress_reporter() or _no_progress  # gradsync run --watchdog
+        self._progress = progress.progress_reporter() or _no_progress  # gradsync run --watchdog
         trainable = {id(p) for p in self._params}
         self._frozen = [
             (n, p) for n, p in self.module.named_parameters() if id(p) not in trainable and n not in config.ignored
@@ -332,9 +332,9 @@ class DistributedDataParallel(nn.Module, Joinable):
             self._recorder.forward_end()
             outputs = list(iter_tensors(output))
             self._warn_if_compiled_unsplit(outputs)
-            self.reducer.prepare_for_backward(outputs, call.scale)
-            if self.reducer.needs_output_sink:
-                output = replace_tensors(output, self._through_sink)
+            route = self.reducer.prepare_for_backward(outputs, call.scale)
+            if route is not None:  # the outputs' sink (find_unused_parameters, static_graph's first iteration)
+                output = replace_tensors(output, route)
         elif torch.is_grad_enabled():
             self.reducer.skip_next_backward()
         return output
@@ -351,9 +351,6 @@ class DistributedDataParallel(nn.Module, Joinable):
         if synced:
             # Before the forward, when memory is lowest and all ranks are at the same point (torch does the same).
             self.reducer.before_synced_forward()
-
-    def _through_sink(self, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
-        return pass_through_sink(tensors, self.reducer.sink_backward_started)
 
     # ------------------------------------------------------------------------------------------- sync control
     @contextlib.contextmanager

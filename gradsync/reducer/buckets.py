@@ -10,6 +10,7 @@ from collections.abc import Sequence
 
 import torch
 
+from gradsync import torch_private
 from gradsync.reducer.sparse_bucket import SparseBucket
 
 MIB = 1024 * 1024
@@ -119,6 +120,12 @@ class Bucket:
         """How many of this bucket's parameters report through their own hook (all but the quiet ones)."""
         return len(self.param_indices) - len(self.quiet)
 
+    def stand_for_quiet(self, order: Sequence[int]) -> list[int]:
+        """static_graph: let the last-ready hook of each run of small parameters stand for the others (see
+        :func:`quiet_parameters`); returns the quiet ones, whose hooks the reducer removes."""
+        self.quiet = quiet_parameters(self, order)
+        return self.quiet
+
     def receive(self, result: torch.Tensor) -> None:
         """The reduced values (a hook may return another tensor than the buffer it was given)."""
         if result.data_ptr() != self.buffer.data_ptr():
@@ -169,7 +176,7 @@ class Bucket:
         params, views = self._small_params, self._small_views
         moving = [k for k, g in enumerate(grads) if g is not None and g.data_ptr() != views[k].data_ptr()]
         if moving:
-            torch._foreach_copy_([views[k] for k in moving], [grads[k] for k in moving])  # type: ignore[misc]
+            torch_private.foreach_copy_([views[k] for k in moving], [grads[k] for k in moving])  # type: ignore[misc]
         for k in moving:
             params[k].grad = views[k]
         for k in (k for k, g in enumerate(grads) if g is None):
@@ -188,7 +195,7 @@ class Bucket:
         if k:
             torch.cat(grads[:k], out=self._vector_region)  # type: ignore[arg-type]
         if k < len(grads):
-            torch._foreach_copy_(views[k:], grads[k:])  # type: ignore[arg-type]
+            torch_private.foreach_copy_(views[k:], grads[k:])  # type: ignore[arg-type]
 
 
 class CopyBucket(Bucket):
@@ -255,7 +262,7 @@ def write_back(
     if globally_used is None and all(g is not None for g in grads):
         # The common case, one fused copy; with gradient_as_bucket_view every .grad already is its slot.
         if not as_view:
-            torch._foreach_copy_(grads, list(views))  # type: ignore[arg-type]
+            torch_private.foreach_copy_(grads, list(views))  # type: ignore[arg-type]
         return
     targets: list[torch.Tensor] = []
     sources: list[torch.Tensor] = []
@@ -268,4 +275,4 @@ def write_back(
             targets.append(grad)
             sources.append(view)
     if targets:
-        torch._foreach_copy_(targets, sources)
+        torch_private.foreach_copy_(targets, sources)

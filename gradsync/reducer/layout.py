@@ -7,7 +7,8 @@ from collections.abc import Callable, Iterator, Sequence
 
 import torch
 
-from gradsync.reducer.buckets import AnyBucket, Bucket, assign_buckets, make_bucket, quiet_parameters, write_back
+from gradsync import torch_private
+from gradsync.reducer.buckets import AnyBucket, Bucket, assign_buckets, make_bucket, write_back
 from gradsync.reducer.sparse_bucket import SparseBucket
 
 
@@ -75,16 +76,12 @@ class BucketLayout:
     def silence_small_hooks(self, ready_order: Sequence[int]) -> list[int]:
         """static_graph: per bucket, the small parameters whose hook the last-ready one stands for (see
         :func:`quiet_parameters`); returns all of them, for the reducer to remove their hooks."""
-        quiet: list[int] = []
-        for bucket in self.dense:
-            bucket.quiet = quiet_parameters(bucket, ready_order)
-            quiet += bucket.quiet
-        return quiet
+        return [i for bucket in self.dense for i in bucket.stand_for_quiet(ready_order)]
 
     def write_back(self, globally_used: list[int] | None, scale: float) -> None:
         """Every bucket's averages, times ``scale``, into ``.grad`` (one fused copy in the common case)."""
         if scale != 1.0:
-            torch._foreach_mul_([b.buffer for b in self.dense], scale)
+            torch_private.foreach_mul_([b.buffer for b in self.dense], scale)
         write_back(globally_used, self._flat_params, self._flat_views, self._flat_indices, self.as_view)
         for bucket in self.sparse_buckets:
             bucket.write_back(scale)

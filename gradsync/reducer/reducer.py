@@ -1,9 +1,18 @@
 """The reducer: gradient hooks, the phase of the current step, the bucket layout, and the extension points.
 
-Each parameter gets one post-accumulate-grad hook, which calls whatever the current phase says a ready gradient
-means: nothing (a ``no_sync`` backward, or after the reduction, as in torch), the start of a synced backward, or
-:meth:`BackwardStep.mark_ready` (see :mod:`.step` for the path of one gradient). The phase changes by rebinding that
-one function; optional features are composed into it only when they are on (:mod:`.ready`).
+Each parameter gets one post-accumulate-grad hook, which calls what the current step's :class:`~.step.Phase` says a
+ready gradient means; :meth:`Reducer._follow` is the one place that decides it:
+
+==================================  =========================================================================
+no step (``no_sync``), or FINISHED  autograd's local accumulation (usage still marked where it is tracked)
+ARMED                               :meth:`Reducer._begin_backward`: the first gradient of a synced backward
+LEARNING                            static_graph's first backward notes the parameter (:mod:`.static_graph`)
+REDUCING                            :meth:`BackwardStep.mark_ready` (:mod:`.step`: the path of one gradient)
+==================================  =========================================================================
+
+Optional features are composed around those functions only when they are on (:mod:`.ready`), so the
+per-gradient path pays for exactly the features in use. How a bucket is reduced (the built-in all-reduce or a
+comm hook) is one object, :mod:`.reduction`.
 
 When backward ends: the last bucket's launch queues the finalizer on the autograd engine (as torch's reducer does),
 so it runs after the last gradient even under reentrant checkpointing, where hooks fire inside a nested backward.
@@ -15,7 +24,6 @@ which parameters are used, then reduces everything at the end (torch's delayed a
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -23,7 +31,6 @@ import torch
 import torch.distributed as dist
 
 from gradsync.collectives.communicator import Communicator, Op
-from gradsync.comm.grad_bucket import GradBucket
 from gradsync.errors import ConfigError, GradientError
 from gradsync.observe.clock import clock_for
 from gradsync.observe.recorder import Recorder
@@ -34,10 +41,11 @@ from gradsync.reducer.caps import BucketCaps
 from gradsync.reducer.layout import BucketLayout, Storage
 from gradsync.reducer.mode import GraphMode
 from gradsync.reducer.rebuild import Rebuild, State
-from gradsync.reducer.step import BackwardStep, StepContext
+from gradsync.reducer.reduction import AllReduce, BucketReduction, CommHook, HookReduction
+from gradsync.reducer.sink import pass_through_sink
+from gradsync.reducer.static_graph import StaticGraph
+from gradsync.reducer.step import BackwardStep, Phase, StepContext
 from gradsync.reducer.unused import GlobalUsage, unused_parameter_indices
-
-CommHook = Callable[[Any, GradBucket], torch.futures.Future]
 
 
 class Reducer:
@@ -69,8 +77,8 @@ class Reducer:
         device = self.params[0].device if self.params else torch.device("cpu")
         self._rebuild = Rebuild(self.params, comm, self.layout, mode.rebuilds, caps.tune, clock_for(device))
         self._usage = GlobalUsage(len(self.params), mode, comm, assume_same_everywhere=skip_unused)
-        self._comm_hook: CommHook | None = None
-        self._comm_state: Any = None
+        self._static = StaticGraph(len(self.params)) if mode is GraphMode.STATIC else None
+        self._reduction: BucketReduction = AllReduce(comm)
         self._hook_agreed = False  # every rank reduces with the same hook: checked at the first synced backward
         self._recorder = Recorder()
         self._recorder_attached = False  # whether to poll it from every gradient hook
@@ -78,10 +86,10 @@ class Reducer:
         self._context = self._make_context()
         self._step: BackwardStep | None = None
         self._unused: Sequence[int] = ()
-        self._static_unused: list[int] | None = None  # static_graph: learned in the first backward
         self._forward_thread = threading.get_ident()
         self.iteration = 0  # synced backward passes completed (a joined rank's shadows included)
-        self._on_ready: ready.ReadyFunction = self._idle_function()
+        self._on_ready: ready.ReadyFunction = ready.accumulate_locally
+        self._follow(None)
         self._handles = [p.register_post_accumulate_grad_hook(self._make_hook(i)) for i, p in enumerate(self.params)]
 
     # ------------------------------------------------------------------------------------- what it exposes
@@ -99,17 +107,15 @@ class Reducer:
         """Whether the one-time rebuild has happened (the tuner's check may still be running)."""
         return self._rebuild.state not in (State.NEVER, State.RECORDING, State.PENDING)
 
-    @property
-    def needs_output_sink(self) -> bool:
+    def _needs_output_sink(self) -> bool:
         """Whether this forward's outputs must pass through :mod:`.sink` (as torch's ``_DDPSink``): a dynamic graph
         (outputs the loss does not use must send undefined gradients) and static_graph's first iteration."""
-        return self.mode is GraphMode.FIND_UNUSED or (self.mode is GraphMode.STATIC and self._static_unused is None)
+        return self.mode is GraphMode.FIND_UNUSED or (self._static is not None and self._static.learning)
 
     def close(self) -> None:
         """Remove every gradient hook: this reducer stops averaging (its model is being given a new one)."""
         for handle in self._handles:
             handle.remove()
-        self._on_ready = ready.accumulate_locally
 
     def steady_bucket_cap(self) -> int:
         """The byte cap of every bucket after the first, in the current layout."""
@@ -122,13 +128,10 @@ class Reducer:
         The one-time rebuild still happens: it reorders the buckets into the pieces' order, which needs none."""
         self._rebuild.disable_tuning()
 
-    def describe_bucket(self, k: int) -> str:
-        return messages.bucket_description(self.layout.buckets[k], len(self.layout), self.names)
-
     # ------------------------------------------------------------------------------------ extension points
     def set_comm_hook(self, state: Any, hook: CommHook) -> None:
         """Reduce each bucket with ``hook(state, GradBucket) -> Future[Tensor]`` (torch's contract)."""
-        self._comm_state, self._comm_hook = state, hook
+        self._reduction = HookReduction(self.comm, state, hook)
         self._context = self._make_context()
         if state is not None and not isinstance(state, dist.ProcessGroup):
             # A hook with a state object may keep memory per bucket index (PowerSGD's error and P/Q matrices, the
@@ -157,13 +160,11 @@ class Reducer:
         self._context = self._make_context()
 
     def _make_context(self) -> StepContext:
-        hooked = self._comm_hook is not None
         return StepContext(
             names=self.names,
             comm=self.comm,
-            twice=self._ready_twice_error,
-            reduce=self._reduce_with_hook if hooked else self._reduce_builtin,
-            divisor=None if hooked else self.comm.size,  # a hook averages itself, as torch's do
+            reduction=self._reduction,
+            static=self._static,
             usage=self._usage,
             recorder=self._recorder,
             bucket_reduced=self._bucket_reduced,
@@ -177,8 +178,9 @@ class Reducer:
             return
         layout.adopt_current_grads()
         self.layout = layout
-        if self._rebuild.done and self._may_silence_hooks():
-            for i in layout.silence_small_hooks(self._rebuild.local_order):
+        static, order = self._static, self._rebuild.local_order
+        if self._rebuild.done and static is not None and static.may_silence_hooks(order, self.comm.check_desync):
+            for i in layout.silence_small_hooks(order):
                 self._handles[i].remove()
 
     def _release_layout(self) -> Storage | None:
@@ -187,43 +189,38 @@ class Reducer:
         too). With gradient_as_bucket_view the .grad tensors are its slots, which the new layout copies from, so
         it keeps them until then and gets a storage of its own."""
         step = self._step
-        if self.layout.as_view or (step is not None and step.started and not step.finished):
+        if self.layout.as_view or (step is not None and step.unfinished):
             return None  # an unfinished step is reported at prepare_for_backward, and needs its layout for that
         storage = self.layout.storage
         self._step = None  # the last step's BackwardStep holds the layout too
         self.layout = BucketLayout([], [], self.layout.limits, False, None)  # empty until the rebuild's arrives
         return storage
 
-    def _may_silence_hooks(self) -> bool:
-        # Only a static graph runs the same hooks in the same order every time, and only this rank's own observed
-        # order says which is last. GRADSYNC_DEBUG keeps every hook, so a rank whose graph changed is still caught.
-        return (
-            self.mode is GraphMode.STATIC
-            and bool(self._rebuild.local_order)
-            and not self._static_unused
-            and not self.comm.check_desync
-        )
-
-    def prepare_for_backward(self, outputs: Iterable[torch.Tensor] = (), scale: float = 1.0) -> None:
+    def prepare_for_backward(
+        self, outputs: list[torch.Tensor], scale: float = 1.0
+    ) -> Callable[[list[torch.Tensor]], list[torch.Tensor]] | None:
         """Arm the next backward to reduce. ``outputs``: the forward's tensors (find_unused_parameters walks their
-        graph); ``scale`` multiplies the averages (join with divide_by_initial_world_size=False)."""
+        graph); ``scale`` multiplies the averages (join with divide_by_initial_world_size=False). Returns what the
+        forward's output tensors must pass through for this step, the outputs' sink (:mod:`.sink`), or None."""
         self._raise_if_unfinished()
-        self._step = BackwardStep(self._context, self.layout, scale, on_all_launched=self._queue_finalize)
         self._unused = self._unused_parameters(outputs)
         self._forward_thread = threading.get_ident()
-        self._on_ready = self._begin_backward
+        self._follow(BackwardStep(self._context, self.layout, scale, on_all_launched=self._queue_finalize))
+        return self._through_sink if self._needs_output_sink() else None
+
+    def _through_sink(self, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+        return pass_through_sink(tensors, self._sink_reached)
 
     def _unused_parameters(self, outputs: Iterable[torch.Tensor]) -> Sequence[int]:
         if self.mode is GraphMode.FIND_UNUSED:
             with torch.autograd.profiler.record_function("search_unused_parameters"):  # torch's profiler label
                 return unused_parameter_indices(outputs, self.params)
-        return self._static_unused or ()
+        return (self._static.unused or ()) if self._static is not None else ()
 
     def skip_next_backward(self) -> None:
         """Let the next backward accumulate gradients locally (no_sync / require_backward_grad_sync=False)."""
         self._raise_if_unfinished()
-        self._step = None
-        self._on_ready = self._idle_function()
+        self._follow(None)
 
     def shadow_backward(self) -> None:
         """A joined rank: issue this backward's collectives with zeros, exactly as a training rank would."""
@@ -234,11 +231,10 @@ class Reducer:
         step.finish()
         self._end_synced_backward()
 
-    def sink_backward_started(self) -> None:
+    def _sink_reached(self) -> None:
         """The outputs' sink ran: this is the outermost backward of the armed step; check its end there."""
         step = self._step
-        if step is not None and not step.end_queued and not step.finished:
-            step.end_queued = True
+        if step is not None and step.claim_end_check():
             torch.autograd.Variable._execution_engine.queue_callback(self._end_of_backward)
 
     # ------------------------------------------------------------------------------------ the hooks' side
@@ -247,6 +243,21 @@ class Reducer:
             self._on_ready(index)
 
         return hook
+
+    def _follow(self, step: BackwardStep | None) -> None:
+        """Make ``step`` the current one, and a ready gradient do what its phase says (the module docstring's
+        table). The one place that decides it; only a nested backward's requeue wraps what it picked."""
+        self._step = step
+        if step is None:
+            self._on_ready = self._idle_function()
+        elif step.phase is Phase.ARMED:
+            self._on_ready = self._begin_backward
+        elif step.phase is Phase.LEARNING:
+            self._on_ready = self._learning_function(step)
+        elif step.phase is Phase.REDUCING:
+            self._on_ready = self._ready_function(step)
+        else:
+            self._on_ready = self._after_reduction_function()
 
     def _idle_function(self) -> ready.ReadyFunction:
         # Outside a synced backward, usage is still tracked where it is all-reduced at the next synced step: a
@@ -271,23 +282,17 @@ class Reducer:
         if torch.compiler.is_compiling():
             raise ConfigError(messages.compiled_autograd())
         self._agree_on_hook_once()
-        step.started = time.perf_counter()
         self._rebuild.backward_started()
-        if not step.end_queued:
-            step.end_queued = True
+        if step.claim_end_check():
             torch.autograd.Variable._execution_engine.queue_callback(self._end_of_backward)
         self._recorder.backward_start(self.layout.buckets)
-        if self._delays_reduction():
-            self._on_ready = on_ready = self._learning_function(step)
-        else:
-            self._on_ready = on_ready = self._ready_function(step)
+        step.begin(learning=self._static is not None and self._static.learning)
+        self._follow(step)
+        if step.phase is Phase.REDUCING:
             mark_unused = self._recording(step.mark_ready)  # ready with their current gradient, never "used"
             for j in self._unused:
                 mark_unused(j)
-        on_ready(index)
-
-    def _delays_reduction(self) -> bool:
-        return self.mode is GraphMode.STATIC and self._static_unused is None
+        self._on_ready(index)
 
     def _ready_function(self, step: BackwardStep) -> ready.ReadyFunction:
         on_ready: ready.ReadyFunction = step.mark_ready
@@ -302,8 +307,8 @@ class Reducer:
 
     def _learning_function(self, step: BackwardStep) -> ready.ReadyFunction:
         """static_graph's first backward: note who is used and in which order; reduce at the end."""
-        fired = step.fired = []
-        on_ready: ready.ReadyFunction = fired.append
+        assert self._static is not None
+        on_ready: ready.ReadyFunction = self._static.start_learning().append
         if step.used is not None:
             on_ready = ready.marking_used(step.used, self.params, on_ready)
         return self._recording(on_ready)
@@ -317,7 +322,7 @@ class Reducer:
         step = self._step
         if step is None or step.finished or step.all_launched:
             return  # the finalizer (queued by the last launch) does the rest
-        if step.fired is not None:
+        if step.phase is Phase.LEARNING:
             self._reduce_what_was_learned(step)
         elif ready.inside_nested_backward(self._forward_thread):
             task = ready.current_graph_task()
@@ -331,13 +336,12 @@ class Reducer:
     def _reduce_what_was_learned(self, step: BackwardStep) -> None:
         """static_graph's first backward ended: what fired is used, the rest is unused from now on (this rank's
         graph; the usage all-reduce tells which no rank used)."""
+        assert self._static is not None
         self._agree_on_hook_once()
-        fired = step.fired or []
-        seen = set(fired)
-        self._static_unused = [i for i in range(len(self.params)) if i not in seen]
-        step.fired = None
+        step.end_learning()
+        self._follow(step)
         with torch.no_grad():
-            for i in fired + self._static_unused:
+            for i in self._static.learned():
                 step.mark_ready(i)  # the last launch queues the finalizer, right behind this callback
 
     def _queue_finalize(self) -> None:
@@ -347,10 +351,12 @@ class Reducer:
         step = self._step
         if step is None or step.finished:
             return
-        self._on_ready = self._after_reduction_function()
         self._recorder.backward_end()
-        with torch.no_grad():
-            step.finish()
+        try:
+            with torch.no_grad():
+                step.finish()
+        finally:
+            self._follow(step)  # finished, or failed: later gradients accumulate locally
         self._recorder.comm_end()
         self._end_synced_backward()
 
@@ -360,7 +366,7 @@ class Reducer:
 
     def _raise_if_unfinished(self) -> None:
         step = self._step
-        if step is not None and step.started and not step.finished:
+        if step is not None and step.unfinished:
             message = messages.unfinished_reduction(torch.distributed.get_rank(), step.missing())
             self._step = None
             raise GradientError(message)
@@ -374,31 +380,8 @@ class Reducer:
         """
         if self._hook_agreed:
             return
-        mine = messages.hook_identity(self._comm_hook, self._comm_state)
+        mine = self._reduction.identity()
         everyone = self.comm.all_gather_object(Op.HOOK_CHECK, mine)
         self._hook_agreed = True
         if len(set(everyone)) > 1:
             raise ConfigError(messages.hook_mismatch(everyone, self.comm.global_rank))
-
-    def _ready_twice_error(self, index: int) -> Exception:
-        if self.mode is GraphMode.STATIC and self._static_unused and index in self._static_unused:
-            return GradientError(messages.graph_changed(self.names[index]))
-        return GradientError(messages.ready_twice(self.names[index]))
-
-    # ---------------------------------------------------------------------------------- starting a bucket
-    def _reduce_builtin(self, k: int, buffer: torch.Tensor, views: list[torch.Tensor], is_last: bool):
-        # Gradients were divided by the world size on their way in: one plain sum, torch's C++ default path.
-        return self.comm.all_reduce_async(Op.BUCKET_ALLREDUCE, buffer, index=k)
-
-    def _reduce_with_hook(self, k: int, buffer: torch.Tensor, views: list[torch.Tensor], is_last: bool):
-        hook = self._comm_hook
-        assert hook is not None
-        # A fresh GradBucket each launch: hooks may set_buffer() on it, as in torch.
-        bucket = GradBucket(k, buffer, views, self.layout.buckets[k].params, is_last)
-        future = self.comm.launch(Op.BUCKET_ALLREDUCE, k, buffer, lambda: hook(self._comm_state, bucket))
-        if not isinstance(future, torch._C.Future):  # torch.futures.Future and what .then() returns
-            raise ConfigError(
-                f"communication hook {getattr(hook, '__name__', hook)!r} returned {type(future).__name__} for "
-                f"bucket {k}; it must return a torch.futures.Future[torch.Tensor]."
-            )
-        return future

@@ -8,10 +8,14 @@ all-reduce (or communication hook) starts, while backward goes on computing earl
 
 A joined rank (``DistributedDataParallel.join``) runs the same object as a *shadow*: every bucket counts as ready
 with zeros, so it issues exactly the collectives the training ranks issue, through the same code.
+
+A step moves through its :class:`Phase` in one direction, by its own methods; the reducer reads the phase to pick
+what a ready gradient does.
 """
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -25,11 +29,10 @@ from gradsync.observe.recorder import Recorder
 from gradsync.reducer import messages
 from gradsync.reducer.buckets import AnyBucket
 from gradsync.reducer.layout import BucketLayout
+from gradsync.reducer.reduction import BucketReduction
 from gradsync.reducer.sparse_bucket import SparseBucket
+from gradsync.reducer.static_graph import StaticGraph
 from gradsync.reducer.unused import GlobalUsage
-
-# (bucket index, flat buffer, per-parameter views of it, is last bucket) -> future of the averaged buffer
-ReduceBucket = Callable[[int, torch.Tensor, list[torch.Tensor], bool], torch.futures.Future]
 
 
 @dataclass(frozen=True)
@@ -39,12 +42,20 @@ class StepContext:
 
     names: Sequence[str]
     comm: Communicator
-    twice: Callable[[int], Exception]  # the error for a parameter whose gradient arrived twice
-    reduce: ReduceBucket
-    divisor: int | None  # the world size when gradients are divided on their way in (no comm hook)
+    reduction: BucketReduction  # launches a bucket: the built-in all-reduce or the registered comm hook
+    static: StaticGraph | None  # static_graph=True's learned state; None otherwise
     usage: GlobalUsage
     recorder: Recorder
     bucket_reduced: Callable[[AnyBucket], None] | None  # hand each bucket on as soon as its averages are in .grad
+
+
+class Phase(enum.Enum):
+    """Where one synced backward is; it only moves down this list."""
+
+    ARMED = "armed by a synced forward; no gradient yet"
+    LEARNING = "static_graph's first backward: noting which parameters fire; every bucket reduces at its end"
+    REDUCING = "gradients go into their buckets; full buckets launch in order"
+    FINISHED = "the buckets were waited for: the averages are in .grad (or the step failed)"
 
 
 class BackwardStep:
@@ -68,11 +79,9 @@ class BackwardStep:
         self.pending = [b.hooked_count for b in layout.buckets]
         self.futures: list[torch.futures.Future] = []
         self.next_launch = 0
-        self.started = 0.0  # perf_counter() at the first gradient; 0 until then
-        self.end_queued = False  # whether the end-of-backward check is queued on the autograd engine
-        self.finished = False
+        self.phase = Phase.ARMED
+        self._end_check_queued = False  # whether the end-of-backward check is queued on the autograd engine
         self.buffers = [torch.zeros_like(b.buffer) for b in layout.buckets] if shadow else None
-        self.fired: list[int] | None = None  # static_graph's first backward: the parameters whose hook fired
         # Each bucket's averages go into .grad as soon as it is waited for (as torch's reducer does), so the copies
         # overlap the wait for later buckets; unused parameters (whose .grad stays untouched) make them wait for all.
         each_bucket = not shadow and (ctx.bucket_reduced is not None or ctx.usage.all_used_known())
@@ -84,13 +93,44 @@ class BackwardStep:
         self._take_of = layout.take_of
         self._slot_of = layout.slot_of
         self._bucket_index_of = layout.bucket_index_of
-        self._divisor = ctx.divisor
+        self._reduction = ctx.reduction
+        self._divisor = ctx.reduction.divisor
+
+    # ------------------------------------------------------------------------------------------ its phase
+    @property
+    def started(self) -> bool:
+        """Whether a gradient of this step's backward has arrived."""
+        return self.phase is not Phase.ARMED
+
+    @property
+    def finished(self) -> bool:
+        return self.phase is Phase.FINISHED
+
+    @property
+    def unfinished(self) -> bool:
+        """Started and not finished: a backward that did not get all its gradients (reported at the next step)."""
+        return self.phase is Phase.LEARNING or self.phase is Phase.REDUCING
+
+    def begin(self, learning: bool) -> None:
+        """The first gradient arrived: learn (static_graph's first backward) or reduce."""
+        self.phase = Phase.LEARNING if learning else Phase.REDUCING
+
+    def end_learning(self) -> None:
+        """static_graph's first backward ended: its gradients are now marked ready, launching every bucket."""
+        self.phase = Phase.REDUCING
+
+    def claim_end_check(self) -> bool:
+        """True once: the caller queues the end-of-backward check (from the sink, or the first gradient)."""
+        if self._end_check_queued or self.finished:
+            return False
+        self._end_check_queued = True
+        return True
 
     # ------------------------------------------------------------------------------------ during backward
     def mark_ready(self, i: int) -> None:
         """Parameter ``i``'s gradient is final for this backward (its hook fired, or it is unused)."""
         if self.ready[i]:
-            raise self.ctx.twice(i)
+            raise self._ready_twice(i)
         self.ready[i] = 1
         take = self._take_of[i]
         if take is not None:  # a large gradient: into its slot now, spreading the copying over backward
@@ -124,7 +164,7 @@ class BackwardStep:
         while self.next_launch < len(buckets) and self.pending[self.next_launch] == 0:
             k = self.next_launch
             buffer, views = self._buffer_and_views(k)
-            future = self.ctx.reduce(k, buffer, views, k == len(buckets) - 1)
+            future = self._reduction.launch(k, buffer, views, buckets[k].params, k == len(buckets) - 1)
             self.futures.append(future)
             self.next_launch += 1
             self.ctx.recorder.bucket_launched(k, future)
@@ -137,6 +177,12 @@ class BackwardStep:
     @property
     def all_launched(self) -> bool:
         return self.next_launch == len(self.layout.buckets)
+
+    def _ready_twice(self, i: int) -> Exception:
+        static = self.ctx.static
+        if static is not None:
+            return static.ready_twice(i, self.ctx.names)
+        return GradientError(messages.ready_twice(self.ctx.names[i]))
 
     def missing(self) -> list[str]:
         """The parameters whose gradient has not arrived."""
@@ -160,12 +206,13 @@ class BackwardStep:
     # ----------------------------------------------------------------------------------- end of backward
     def finish(self) -> None:
         """Wait for every bucket in order, then write the averages into ``.grad``."""
-        self.finished = True
+        self.phase = Phase.FINISHED
         if not self.all_launched:
             self.raise_not_ready(messages.unused_hint(False))
         for k, future in enumerate(self.futures):
             describe = lambda k=k: f"all-reduce of {self.describe_bucket(k)}"  # noqa: E731 (built only on failure)
-            result: Any = self.ctx.comm.wait(future, Op.BUCKET_ALLREDUCE, k, describe, bounded=self._divisor is None)
+            bounded = self._reduction.needs_deadline
+            result: Any = self.ctx.comm.wait(future, Op.BUCKET_ALLREDUCE, k, describe, bounded=bounded)
             if isinstance(result, list):  # the built-in all-reduce's future holds [tensor]
                 result = result[0]
             self._check_result(k, result)

@@ -1,0 +1,69 @@
+"""How one bucket is reduced: gradsync's built-in all-reduce, or a registered communication hook.
+
+One object, chosen when a hook is registered (torch's ``register_comm_hook`` contract: ``hook(state, bucket)``
+returns a ``Future[Tensor]`` of the bucket's averages), so a step launches a bucket the same way either way and
+never asks which.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from gradsync.collectives.communicator import Communicator, Op
+from gradsync.errors import ConfigError
+from gradsync.reducer import messages
+from gradsync.reducer.grad_bucket import GradBucket
+
+CommHook = Callable[[Any, GradBucket], torch.futures.Future]
+
+
+class AllReduce:
+    """The built-in reduction: gradients are divided by the world size on their way into the bucket, then one plain
+    sum (torch's C++ default path)."""
+
+    needs_deadline = False  # the backend's own timeout bounds the collective
+
+    def __init__(self, comm: Communicator) -> None:
+        self.comm = comm
+        self.divisor: int | None = comm.size  # what each gradient is divided by as it enters its bucket
+
+    def launch(
+        self, k: int, buffer: torch.Tensor, views: list[torch.Tensor], params: list[torch.Tensor], is_last: bool
+    ) -> torch.futures.Future:
+        return self.comm.all_reduce_async(Op.BUCKET_ALLREDUCE, buffer, index=k)
+
+    def identity(self) -> str:
+        """What every rank must agree on (compared once, at the first synced backward)."""
+        return messages.hook_identity(None, None)
+
+
+class HookReduction:
+    """A communication hook reduces each bucket; it averages itself, as torch's hooks do, so nothing is divided on
+    the way in."""
+
+    needs_deadline = True  # a hook's future is the hook's own: bounded by the process group's timeout here
+
+    def __init__(self, comm: Communicator, state: Any, hook: CommHook) -> None:
+        self.comm, self.state, self.hook = comm, state, hook
+        self.divisor: int | None = None
+
+    def launch(
+        self, k: int, buffer: torch.Tensor, views: list[torch.Tensor], params: list[torch.Tensor], is_last: bool
+    ) -> torch.futures.Future:
+        bucket = GradBucket(k, buffer, views, params, is_last)  # a fresh one each launch: hooks may set_buffer()
+        future = self.comm.launch(Op.BUCKET_ALLREDUCE, k, buffer, lambda: self.hook(self.state, bucket))
+        if not isinstance(future, torch._C.Future):  # torch.futures.Future and what .then() returns
+            raise ConfigError(
+                f"communication hook {getattr(self.hook, '__name__', self.hook)!r} returned "
+                f"{type(future).__name__} for bucket {k}; it must return a torch.futures.Future[torch.Tensor]."
+            )
+        return future
+
+    def identity(self) -> str:
+        return messages.hook_identity(self.hook, self.state)
+
+
+BucketReduction = AllReduce | HookReduction
