@@ -1,8 +1,7 @@
-"""The ``gradsync`` command: ``gradsync run ...`` (launcher), ``gradsync report ...``, ``gradsync bench ...``."""
+"""The ``gradsync`` command: ``gradsync run ...`` (launcher), ``gradsync report ...``, ``gradsync plan ...``."""
 
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import Sequence
 
@@ -14,7 +13,7 @@ commands:
   run      start a data-parallel job (torchrun's flags): gradsync run --nproc-per-node 2 train.py
   report   summarise a trace written by a training run: gradsync report trace.json
   plan     predict step time and scaling for a topology: gradsync plan --trace trace.json --hosts 1 4 32
-  bench    side-by-side benchmark against torch's DDP: gradsync bench --help
+  bench    not installed: run `python -m bench --help` from a source checkout
 """
 
 
@@ -35,7 +34,7 @@ def _dispatch(argv: list[str]) -> int:
         return 0 if argv else 2
     command, rest = argv[0], argv[1:]
     if command == "run":
-        from gradsync.runtime.launch import main as run_main
+        from gradsync.launch.run import main as run_main
 
         return run_main(rest)
     if command == "plan":
@@ -47,18 +46,9 @@ def _dispatch(argv: list[str]) -> int:
 
         return report_main(rest)
     if command == "bench":
-        if os.path.isfile(os.path.join("bench", "__main__.py")) and os.getcwd() not in sys.path:
-            sys.path.insert(0, os.getcwd())  # a console script does not put the current directory on sys.path
-        try:
-            from bench.__main__ import main as bench_main
-        except ImportError:
-            print(
-                "gradsync bench runs from a source checkout (bench/ is not installed): cd into the repository "
-                "and run `gradsync bench ...` or `python -m bench ...` there.",
-                file=sys.stderr,
-            )
-            return 2
-        return bench_main(rest)
+        # The benchmarks sit above the library (bench/, in a source checkout): gradsync never imports them.
+        print("gradsync bench: run `python -m bench ...` from a source checkout of gradsync", file=sys.stderr)
+        return 2
     print(f"gradsync: unknown command '{command}'\n\n{USAGE}", file=sys.stderr)
     return 2
 

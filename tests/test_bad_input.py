@@ -1,5 +1,5 @@
 """Bad input and faults: nothing silently wrong, nothing hangs, every error names what is wrong and what to do
-(one case per finding of the adversarial sweep in bench/sweep/)."""
+(one case per finding of the adversarial sweep in conformance/sweep/)."""
 
 from __future__ import annotations
 
@@ -451,7 +451,7 @@ def test_report_refuses_an_empty_trace_a_missing_step_and_an_unwritable_out(
 def test_launcher_summary_names_the_first_failed_rank_and_its_error(tmp_path: Path) -> None:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
 
-    from gradsync.runtime.launch import failure_report
+    from gradsync.launch.run import failure_report
 
     for local_rank, lines in (
         (0, ["waiting"]),

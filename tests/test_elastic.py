@@ -15,8 +15,8 @@ from gradsync.elastic import ElasticLoader
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from bench import etcd_cluster, netlab  # noqa: E402
-from bench.elastic_lab import (  # noqa: E402
+from lab import etcd_cluster, netlab  # noqa: E402
+from lab.elastic import (  # noqa: E402
     HOSTS,
     SAMPLES,
     admission_seconds,
@@ -205,7 +205,7 @@ def test_a_launcher_tells_a_store_that_is_gone_from_one_out_of_reach(monkeypatch
     down) may pass: lost only after GRADSYNC_ELASTIC_STORE_LOST_SECONDS. The launcher serving it never loses it."""
     import time
 
-    from gradsync.runtime.elastic_launch import Job
+    from gradsync.launch.elastic import Job
 
     class Failing:
         def __init__(self, message: str) -> None:
@@ -243,15 +243,14 @@ def test_the_store_does_not_grow_with_the_steps(tmp_path: Path) -> None:
 
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("block", [0, 1], ids=["run", "guard"])
-def test_the_readmes_elastic_examples_run_as_written(tmp_path: Path, block: int) -> None:
-    """The snippets of README's "Surviving failures" section, verbatim, after the migration section's import and
-    the names they assume (a model, a dataset, a loss, a number of epochs), under `gradsync run --elastic`. The
-    second (guard) replaces the first's last lines: it starts from the same job, model, optimizer and loader."""
-    readme = (ROOT / "README.md").read_text()
-    section = readme[readme.index("## Surviving failures without a restart") :]
-    section = section[: section.index("\n## ")]
-    blocks = [part.split("```", 1)[0] for part in section.split("```python\n")[1:]]
-    assert len(blocks) == 2, "README's elastic section should hold the @run and the guard examples"
+def test_the_docs_elastic_examples_run_as_written(tmp_path: Path, block: int) -> None:
+    """The snippets of docs/elastic.md, verbatim, after the migration page's import and the names they assume (a
+    model, a dataset, a loss, a number of epochs), under `gradsync run --elastic`. The second (guard) replaces the
+    first's last lines: it starts from the same job, model, optimizer and loader."""
+    from docs_blocks import blocks as page_blocks
+
+    blocks = [b.code for b in page_blocks("docs/elastic.md", "python", "Surviving failures without a restart")]
+    assert len(blocks) == 2, "docs/elastic.md should hold the @run and the guard examples"
     setup = blocks[0][: blocks[0].index("@gradsync.elastic.run")]  # init, model, optimizer, loader
     snippet = blocks[0] if block == 0 else setup + blocks[1]
     preamble = (
@@ -405,15 +404,16 @@ def test_on_etcd_losing_two_members_stops_every_worker_with_the_store_named(tmp_
 @needs_lab
 @needs_etcd
 @pytest.mark.timeout(240)
-def test_the_readmes_etcd_block_runs_as_written(tmp_path: Path) -> None:
-    """README's etcd block, verbatim, on three namespace hosts at its addresses (10.0.0.1-3, inside the namespaces
-    only), each with its NAME and IP; train.py is the lab's training script. Every host ends with the same model."""
+def test_the_docs_etcd_block_runs_as_written(tmp_path: Path) -> None:
+    """docs/elastic.md's etcd block, verbatim, on three namespace hosts at its addresses (10.0.0.1-3, inside the
+    namespaces only), each with its NAME and IP; train.py is the lab's training script. Every host ends with the same
+    model."""
     import os
     import subprocess
 
-    readme = (ROOT / "README.md").read_text()
-    section = readme[readme.index("### No single point of failure") :]
-    block = section[section.index("```bash\n") + len("```bash\n") : section.index("\n```", section.index("```bash"))]
+    from docs_blocks import block as page_block
+
+    block = page_block("docs/elastic.md", "bash", "No single point of failure", count=1)
     assert block.startswith("etcd --name $NAME") and "gradsync run --elastic --store etcd://" in block
     out = tmp_path / "out"
     out.mkdir()

@@ -22,7 +22,7 @@ from gradsync.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from bench import etcd_cluster  # noqa: E402
+from lab import etcd_cluster  # noqa: E402
 
 pytestmark = pytest.mark.skipif(etcd_cluster.available() is not None, reason=str(etcd_cluster.available()))
 
@@ -201,7 +201,7 @@ def test_a_launcher_refuses_the_name_of_a_job_that_finished_there(etcd: etcd_clu
     import argparse
 
     from gradsync.elastic.job_store import etcd_url, open_store
-    from gradsync.runtime.elastic_launch import Job
+    from gradsync.launch.elastic import Job
 
     where = etcd_url(etcd.url, "finished-job")
     store = open_store(where)

@@ -142,7 +142,7 @@ def test_the_static_pytorchjobs_command_runs_with_the_variables_the_operator_set
 def test_the_elastic_pytorchjobs_command_reads_the_operators_elastic_variables(monkeypatch: pytest.MonkeyPatch) -> None:
     """examples/kubernetes/pytorchjob-elastic.yaml: with its elasticPolicy the operator sets PET_NNODES to
     min:max, PET_RDZV_ID to the job's name (the job's keys in etcd), PET_MAX_RESTARTS and the rendezvous."""
-    from gradsync.runtime.launch import _parser
+    from gradsync.launch.run import _parser
 
     job = _manifest("pytorchjob-elastic.yaml")
     policy = job["spec"]["elasticPolicy"]

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from gradsync.runtime import watchdog
+from gradsync.launch import watchdog
+from gradsync.runtime import progress
 
 
 def _watch(folder: Path, seconds: float) -> tuple[watchdog.Watchdog, threading.Event]:
@@ -25,7 +26,7 @@ def test_start_up_is_not_watched_and_the_clock_starts_at_the_first_mark(tmp_path
     dog, stalled = _watch(tmp_path, 0.4)
     try:
         assert not stalled.wait(1.5)  # three allowances of start-up (imports, a dataset): no stall
-        report = watchdog.progress_reporter({watchdog.FOLDER_VARIABLE: str(tmp_path), "RANK": "3"})
+        report = progress.progress_reporter({progress.FOLDER_VARIABLE: str(tmp_path), "RANK": "3"})
         assert report is not None
         assert (tmp_path / "rank3").read_text().isdigit()
         assert stalled.wait(5)
@@ -35,7 +36,7 @@ def test_start_up_is_not_watched_and_the_clock_starts_at_the_first_mark(tmp_path
 
 
 def test_no_reporter_without_the_launcher_variable() -> None:
-    assert watchdog.progress_reporter({}) is None
+    assert progress.progress_reporter({}) is None
 
 
 @pytest.mark.timeout(30)

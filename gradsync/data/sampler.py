@@ -20,6 +20,18 @@ from torch.utils.data import Sampler
 from gradsync.errors import ConfigError
 
 
+def epoch_order(n: int, shuffle: bool, seed: int, epoch: int) -> list[int]:
+    """The whole dataset's order for one epoch, the same on every rank: torch's ``DistributedSampler`` order
+    (``randperm`` seeded with ``seed + epoch``), which :class:`gradsync.elastic.ElasticLoader` shares too.
+
+    >>> epoch_order(4, shuffle=False, seed=0, epoch=3)
+    [0, 1, 2, 3]
+    """
+    if not shuffle:
+        return list(range(n))
+    return torch.randperm(n, generator=torch.Generator().manual_seed(seed + epoch)).tolist()
+
+
 def _check_dataset(dataset: object) -> None:
     """A dataset with a length (as torch's sampler needs); a string or a bare number is refused here, at
     construction, not at the first iteration."""
@@ -98,13 +110,7 @@ class DistributedSampler(Sampler[int]):
 
     def indices(self) -> list[int]:
         """This rank's whole list for the current epoch (what torch's sampler yields)."""
-        n = len(self.dataset)
-        if self.shuffle:
-            g = torch.Generator()
-            g.manual_seed(self.seed + self.epoch)
-            order = torch.randperm(n, generator=g).tolist()
-        else:
-            order = list(range(n))
+        order = epoch_order(len(self.dataset), self.shuffle, self.seed, self.epoch)
         if not self.drop_last:
             padding = self.total_size - len(order)
             if padding <= len(order):

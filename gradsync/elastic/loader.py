@@ -11,10 +11,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sized
 from typing import Any
 
-import torch
 import torch.distributed as dist
 from torch.utils.data import default_collate
 
+from gradsync.data.sampler import epoch_order
 from gradsync.errors import ConfigError
 
 
@@ -57,10 +57,8 @@ class ElasticLoader:
         self._generation = 0  # bumped by load_state_dict (a membership change): iterations resume from position
 
     def order(self) -> list[int]:
-        n = len(self.dataset)
-        if not self.shuffle:
-            return list(range(n))
-        return torch.randperm(n, generator=torch.Generator().manual_seed(self.seed + self.epoch)).tolist()
+        """This epoch's order of the whole dataset, shared by all ranks (the sampler's, :func:`epoch_order`)."""
+        return epoch_order(len(self.dataset), self.shuffle, self.seed, self.epoch)
 
     def share(self, position: int, world_size: int, rank: int) -> tuple[list[int], int]:
         """This rank's indices for the step starting at ``position``, and how many samples the step takes."""

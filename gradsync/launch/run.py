@@ -22,16 +22,16 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-import torch
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
 from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
 from torch.distributed.launcher.api import elastic_launch
 from torch.distributed.run import config_from_args, get_args_parser
 
+from gradsync import torch_private
 from gradsync.elastic.etcd_store import parse_endpoints
 from gradsync.elastic.job_store import is_etcd
 from gradsync.errors import ConfigError
-from gradsync.runtime import watchdog
+from gradsync.launch import watchdog
 
 STDERR_TAIL_LINES = 15
 
@@ -133,7 +133,7 @@ def _check_nproc(value: str) -> None:
     if value.lstrip("-").isdigit():
         if int(value) < 1:
             raise ConfigError(f"--nproc-per-node {value}: start at least 1 worker per node (or auto, cpu, gpu).")
-    elif value not in ("auto", "cpu", "gpu", "xpu", torch._C._get_privateuse1_backend_name()):
+    elif value not in ("auto", "cpu", "gpu", "xpu", torch_private.privateuse1_backend_name()):
         raise ConfigError(
             f"--nproc-per-node {value}: give the number of workers per node (e.g. 2), or auto, cpu or gpu (one per "
             "CPU core or GPU)."
@@ -225,7 +225,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
     config, cmd, cmd_args = config_from_args(args)
     if args.elastic:
-        from gradsync.runtime.elastic_launch import run_elastic
+        from gradsync.launch.elastic import run_elastic
 
         args.nproc_per_node = str(config.nproc_per_node)  # "auto", "cpu", "gpu" resolved as torchrun does
         return run_elastic(args, cmd if isinstance(cmd, str) else sys.executable, list(cmd_args))

@@ -1,4 +1,5 @@
-"""An opt-in progress watchdog: ``gradsync run --watchdog SECONDS``.
+"""An opt-in progress watchdog: ``gradsync run --watchdog SECONDS`` (the launcher's side; the workers' is
+:mod:`gradsync.runtime.progress`).
 
 A worker that hangs without a collective (a deadlock in data loading, an infinite loop, a stuck filesystem) keeps
 torchrun and every other rank waiting forever. With the watchdog, each worker marks its progress in a file per
@@ -14,37 +15,14 @@ marker holds its worker's pid, and only those workers are sent SIGUSR1; the othe
 
 from __future__ import annotations
 
-import faulthandler
 import os
 import signal
-import sys
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-FOLDER_VARIABLE = "GRADSYNC_WATCHDOG_DIR"
-
-
-# ------------------------------------------------------------------------------------------- worker side
-def progress_reporter(environ: dict[str, str] | None = None) -> Callable[[], None] | None:
-    """In a worker started with ``--watchdog``: a function marking this rank's progress; None otherwise."""
-    env = os.environ if environ is None else environ
-    folder = env.get(FOLDER_VARIABLE)
-    if not folder:
-        return None
-    faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True, chain=False)
-    marker = Path(folder) / f"rank{env.get('RANK', '0')}"
-    marker.write_text(str(os.getpid()))  # after register(): this pid may now be sent SIGUSR1
-    last = [time.monotonic()]
-
-    def report() -> None:
-        now = time.monotonic()
-        if now - last[0] >= 1.0:
-            last[0] = now
-            marker.touch()
-
-    return report
+from gradsync.runtime.progress import FOLDER_VARIABLE  # noqa: F401 (the launcher sets it; the workers read it)
 
 
 # ----------------------------------------------------------------------------------------- launcher side
