@@ -28,6 +28,10 @@ class Admission:
             self.step_seconds = seconds if self.step_seconds is None else 0.8 * self.step_seconds + 0.2 * seconds
         self._last, self.step = now, step
 
+    def announced(self, step: int) -> None:
+        """The heartbeat thread read rank 0's announcement: the boundary after ``step`` admits."""
+        self.at = step
+
     def steps_ahead(self) -> int | None:
         """How many steps ahead to announce the admitting boundary so that every member's heartbeat thread has
         read it first (None: the step time is not known yet): two beats' worth, and two steps more."""

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import torch.distributed as dist
 
-from gradsync import settings
+from gradsync import settings, torch_private
 from gradsync.collectives.peer_errors import post_gone
 from gradsync.elastic import job_store, keys
 from gradsync.elastic.admission import Admission
@@ -286,9 +286,9 @@ class Membership:
             # destroy_process_group resets to 0 "to allow consistent value ... after some trainers recover from
             # failure" (torch/distributed/distributed_c10d.py). A failed init bumps it with no group to destroy:
             # reset it too, or this worker's keys never match the others' again.
-            dist.distributed_c10d._world.group_count = 0
+            torch_private.reset_group_count()
             raise MembershipChanged(f"forming round {round_.number}'s group failed: {exc}") from exc
-        self._group_store = (round_, dist.distributed_c10d._get_default_store())
+        self._group_store = (round_, torch_private.default_store())
 
     def _tell_members(self, member: int, why: str) -> None:
         """From the heartbeat thread: a member of this round is gone. Post it as that rank's report in the round's
@@ -335,7 +335,7 @@ class Membership:
         if round_.rank == 0 and ahead is not None and int(store.add(keys.JOIN_REQUESTS, 0)) > admission.requests:
             store.compare_set(key, "", str(admission.step + ahead))
         if store.check([key]):
-            admission.at = int(store.get(key))
+            admission.announced(int(store.get(key)))
 
 
 @dataclass(frozen=True)
