@@ -175,3 +175,14 @@ def test_the_assignment_lint_sees_one_module_setting_anothers(tmp_path: Path, mo
     monkeypatch.setitem(globals(), "PACKAGE", package)
     found = _foreign_assignments()
     assert len(found) == 1 and found[0].startswith("gradsync/reducer.py:2: step.started"), found
+
+
+def test_architecture_names_every_file_of_the_package() -> None:
+    """ARCHITECTURE.md says every file under gradsync/ is named in it: a reader who follows it finds each one."""
+    text = (ROOT / "ARCHITECTURE.md").read_text()
+    missing = [
+        str(path.relative_to(ROOT))
+        for path in _modules()
+        if path.name != "__init__.py" and path.name not in text and str(path.relative_to(ROOT)) not in text
+    ]
+    assert not missing, f"ARCHITECTURE.md does not name: {missing}"
