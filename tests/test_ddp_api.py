@@ -179,7 +179,7 @@ def test_inputs_move_to_the_device_as_torch_moves_them(monkeypatch: pytest.Monke
 
 
 def test_the_elastic_api_is_reachable_after_a_plain_import() -> None:
-    """README's elastic snippet writes gradsync.elastic.init(...) after `import torch, gradsync`."""
+    """docs/elastic.md's snippet writes gradsync.elastic.init(...) after `import torch, gradsync`."""
     import subprocess
     import sys
 

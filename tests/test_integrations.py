@@ -81,12 +81,14 @@ def test_ray_trains_torchtrainer_with_gradsync_to_the_weights_of_rays_own_ddp(tm
 
 
 @pytest.mark.timeout(240)
-def test_the_readmes_ray_block_runs_as_written(tmp_path: Path) -> None:
+def test_the_docs_ray_block_runs_as_written(tmp_path: Path) -> None:
+    """docs/integrations.md's Ray block (its third, after Lightning's and Accelerate's), as written."""
     pytest.importorskip("ray.train", reason="Ray Train (pip install -e '.[ray]') is not installed")
-    readme = (Path(__file__).parents[1] / "README.md").read_text()
-    section = readme[readme.index("Ray Train needs no integration code") :]
+    from docs_blocks import block
+
     script = tmp_path / "ray_readme.py"
-    script.write_text(section.split("```python\n", 1)[1].split("```", 1)[0])
+    script.write_text(block("docs/integrations.md", "python", "Lightning, Hugging Face Accelerate", 2, count=3))
+    assert "TorchTrainer(" in script.read_text()
     run = subprocess.run(
         [sys.executable, str(script)], env=_ray_env(), cwd=tmp_path, capture_output=True, text=True, timeout=220
     )

@@ -221,11 +221,12 @@ def test_evaluating_a_local_method_reads_a_synchronised_model() -> None:
         assert r["restored"]
 
 
-def test_the_readmes_local_method_lines_run_as_written(group_of_one: None) -> None:
-    """README's hook block: each line is one alternative, run as written on a fresh model, then a few steps."""
-    readme = (ROOT / "README.md").read_text()
-    section = readme[readme.index("## Communication hooks") :]
-    block = section.split("```python\n")[2].split("```", 1)[0]
+def test_the_docs_local_method_lines_run_as_written(group_of_one: None) -> None:
+    """docs/hooks.md's second block: each line is one alternative, run as written on a fresh model, then a few
+    steps."""
+    from docs_blocks import block as page_block
+
+    block = page_block("docs/hooks.md", "python", "Communication hooks", 1, count=2)
     lines = [line for line in block.splitlines() if line.strip()]
     assert len(lines) == 3 and "StreamingDiLoCo" in lines[2]
     for line in lines:
