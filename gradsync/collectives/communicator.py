@@ -26,7 +26,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from gradsync import settings
+from gradsync import settings, torch_private
 from gradsync.collectives import desync
 from gradsync.collectives.groups import resolve
 from gradsync.collectives.nccl_watch import Watch
@@ -188,7 +188,7 @@ class Communicator:
         most ``seconds`` for every rank to arrive here, through the store, and otherwise fail naming the ranks that
         did not and the function (``call``) every rank must call, instead of blocking until the timeout."""
         self.sequence += 1
-        store = dist.distributed_c10d._get_default_store()
+        store = torch_private.default_store()
         ranks = [self.global_rank(r) for r in range(self.size)]
         prefix = f"gradsync/arrive/{'-'.join(map(str, ranks))}/{op.code}/{self.sequence}/"
         store.set(prefix + str(dist.get_rank()), "1")
@@ -243,10 +243,9 @@ class Communicator:
         """The process group's collective timeout (gloo and NCCL enforce it on their own collectives), read from the
         backend that serves the owner's device: NCCL's for a CUDA model, not the CPU side's."""
         for device in dict.fromkeys(d for d in (self.device, torch.device("cpu")) if d is not None):
-            try:
-                return self.group._get_backend(device).options._timeout.total_seconds()
-            except Exception:  # no backend for this device, or one that does not say
-                continue
+            seconds = torch_private.backend_timeout_seconds(self.group, device)
+            if seconds is not None:  # else no backend for this device, or one that does not say
+                return seconds
         return settings.timeout_seconds(600.0)  # gradsync's own default
 
     # ---------------------------------------------------------------------------------------- NCCL's side

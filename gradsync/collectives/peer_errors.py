@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch.distributed as dist
 
+from gradsync import torch_private
 from gradsync.polling import wait_until
 
 _PREFIX = "gradsync/error/"
@@ -19,7 +20,7 @@ _GONE = "gone: "  # a report posted on a dead rank's behalf (it posts none): the
 
 def _store() -> dist.Store | None:
     try:
-        return dist.distributed_c10d._get_default_store()
+        return torch_private.default_store()
     except Exception:  # no default group, or its store is gone with rank 0
         return None
 

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 
 import torch
 
+from gradsync import torch_private
 from gradsync.collectives.communicator import Communicator, Op
 
 
@@ -91,7 +92,7 @@ def average_tensors(comm: Communicator, op: Op, tensors: Sequence[torch.Tensor])
             flat = torch.cat([t.reshape(-1) for t in members]).div_(comm.size)
             comm.all_reduce(op, flat)
             pieces = flat.split([t.numel() for t in members])
-            torch._foreach_copy_(members, [piece.view_as(t) for piece, t in zip(pieces, members)])
+            torch_private.foreach_copy_(members, [piece.view_as(t) for piece, t in zip(pieces, members)])
 
 
 def widest_first(members: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -108,4 +109,4 @@ def pack(members: Sequence[torch.Tensor]) -> torch.Tensor:
 def unpack(members: Sequence[torch.Tensor], flat: torch.Tensor) -> None:
     """Copy the bytes of ``flat`` (from :func:`pack` of tensors shaped like ``members``) back into ``members``."""
     pieces = flat.split([t.numel() * t.element_size() for t in members])
-    torch._foreach_copy_(list(members), [piece.view(t.dtype).view_as(t) for piece, t in zip(pieces, members)])
+    torch_private.foreach_copy_(members, [piece.view(t.dtype).view_as(t) for piece, t in zip(pieces, members)])

@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from gradsync import settings
+from gradsync import settings, torch_private
 from gradsync.errors import ConfigError
 from gradsync.reducer.caps import BucketCaps
 from gradsync.reducer.mode import GraphMode
@@ -82,7 +82,7 @@ class Config:
                 "DistributedDataParallel needs an initialised process group: call gradsync.init() or "
                 "torch.distributed.init_process_group(...) before wrapping the model."
             )
-        ignored = frozenset(getattr(module, "_ddp_params_and_buffers_to_ignore", ()))
+        ignored = frozenset(getattr(module, torch_private.PARAMS_AND_BUFFERS_TO_IGNORE, ()))
         mode = GraphMode.from_flags(find_unused, static)
         tuning, check_desync = switches
         device = next((p.device.type for p in module.parameters() if p.requires_grad), "cpu")

@@ -19,14 +19,13 @@ as gradsync's first bucket), then pieces of the cap, each extended until it has 
 the same rule over the parameters, and after the rebuild over the order their gradients became ready, which under
 compile is piece by piece; so a bucket launches when the piece that holds its last gradient is done.
 
-Everything private is named in :data:`PRIVATE_NAMES` and checked when this module is imported: if torch has changed
-it, gradsync warns once and trains as in eager mode (all buckets reduced after a compiled backward).
+Everything private is named in :data:`PRIVATE_NAMES` (the ``compile`` records of :mod:`gradsync.torch_private`, with
+the torch releases each was checked in) and checked when this module is imported: if torch has changed it, gradsync
+warns once and trains as in eager mode (all buckets reduced after a compiled backward).
 """
 
 from __future__ import annotations
 
-import importlib.util
-import inspect
 import warnings
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
@@ -35,35 +34,19 @@ import torch
 import torch._dynamo  # what torch.compiler.disable needs; any torch optimizer imports it too
 from torch.nn.parallel import DistributedDataParallel as _TorchDDP
 
+from gradsync import torch_private
 from gradsync.reducer.buckets import DEFAULT_FIRST_BUCKET_BYTES
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-PRIVATE_NAMES = (
-    "torch.nn.parallel.DistributedDataParallel._active_ddp_module",
-    "torch.nn.parallel.DistributedDataParallel._get_active_ddp_module",
-    "torch._dynamo.utils.get_optimize_ddp_mode",
-    "torch._dynamo.backends.distributed.DDPOptimizer",
-    "torch._dynamo.convert_frame: DDPOptimizer(bucket_bytes_cap=<active module>.bucket_bytes_cap, ...)",
-    "CompiledFunctionBackward: the name of AOTAutograd's backward node (to notice a graph that was not split)",
-)
+# The records of gradsync.torch_private, which say where each is used and the torch releases it was checked in.
+PRIVATE_NAMES = tuple(r.name for r in torch_private.PRIVATE_NAMES if r.seam.startswith("compile"))
 
 
 def missing_seam() -> str | None:
-    """What of :data:`PRIVATE_NAMES` the installed torch lacks, or None when the seam is all there."""
-    if not hasattr(_TorchDDP, "_active_ddp_module") or not callable(getattr(_TorchDDP, "_get_active_ddp_module", None)):
-        return "torch.nn.parallel.DistributedDataParallel._active_ddp_module / _get_active_ddp_module"
-    if not callable(getattr(torch._dynamo.utils, "get_optimize_ddp_mode", None)):
-        return "torch._dynamo.utils.get_optimize_ddp_mode"
-    if importlib.util.find_spec("torch._dynamo.backends.distributed") is None:
-        return "torch._dynamo.backends.distributed (DDPOptimizer)"
-    try:
-        source = inspect.getsource(torch._dynamo.convert_frame)
-    except (OSError, TypeError):
-        return "the source of torch._dynamo.convert_frame (to check how it engages DDPOptimizer)"
-    if "_get_active_ddp_module()" not in source or ".bucket_bytes_cap" not in source:
-        return "torch._dynamo.convert_frame's use of _get_active_ddp_module().bucket_bytes_cap"
-    return None
+    """What of the names dynamo's split needs the installed torch lacks, or None when the seam is all there."""
+    lacking = torch_private.missing("compile")
+    return " and ".join(lacking) if lacking else None
 
 
 _MISSING = missing_seam()
@@ -144,4 +127,4 @@ def unsplit_graph_warning() -> str:
 
 def split_mode() -> str:
     """dynamo's ``optimize_ddp`` mode: only ``"ddp_optimizer"`` (the default) splits graphs."""
-    return str(torch._dynamo.utils.get_optimize_ddp_mode())
+    return torch_private.optimize_ddp_mode()

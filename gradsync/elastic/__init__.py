@@ -33,6 +33,7 @@ import contextlib
 import logging
 import os
 
+from gradsync import torch_private
 from gradsync.elastic.loader import ElasticLoader
 from gradsync.elastic.membership import JobFinished, Membership, MembershipChanged, Timeouts
 from gradsync.elastic.state import MAX_FUTILE_RECOVERIES, REJOIN_VARIABLE, Recovery, State, run
@@ -92,4 +93,4 @@ def _import_before_joining() -> None:
     optimizer after it was admitted, between its DistributedDataParallel and the state sync, and every member waits
     at that step boundary meanwhile: pay the import before asking to join."""
     with contextlib.suppress(ImportError):
-        import torch._dynamo  # noqa: F401
+        torch_private.import_dynamo()

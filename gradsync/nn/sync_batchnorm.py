@@ -20,9 +20,10 @@ from torch import nn
 
 from gradsync.collectives.communicator import Communicator, Op
 from gradsync.errors import ConfigError
+from gradsync.torch_private import BatchNormBase
 
 
-class SyncBatchNorm(nn.modules.batchnorm._BatchNorm):
+class SyncBatchNorm(BatchNormBase):
     """``torch.nn.SyncBatchNorm``'s arguments and behaviour, on any device and backend.
 
     Example::
@@ -79,14 +80,14 @@ class SyncBatchNorm(nn.modules.batchnorm._BatchNorm):
                 f"SyncBatchNorm.convert_sync_batchnorm expects a torch.nn.Module (the model to convert), got "
                 f"{type(module).__name__} {module!r:.40}; pass the model object itself."
             )
-        if isinstance(module, nn.modules.batchnorm._BatchNorm) and not isinstance(module, cls):
+        if isinstance(module, BatchNormBase) and not isinstance(module, cls):
             return _converted(cls, module, process_group)
         for name, child in list(module.named_children()):
             module.add_module(name, cls.convert_sync_batchnorm(child, process_group))
         return module
 
 
-def _converted(cls: type[SyncBatchNorm], bn: nn.modules.batchnorm._BatchNorm, group: Any) -> SyncBatchNorm:
+def _converted(cls: type[SyncBatchNorm], bn: BatchNormBase, group: Any) -> SyncBatchNorm:
     sync = cls(bn.num_features, bn.eps, bn.momentum, bn.affine, bn.track_running_stats, group)
     if bn.affine:
         with torch.no_grad():

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from torch.optim import Optimizer
 
+from gradsync import torch_private
 from gradsync.errors import ConfigError
 from gradsync.optim.sharded import require_optimizer_class, state_bytes
 from gradsync.reducer.buckets import AnyBucket
@@ -61,7 +62,7 @@ class OverlappedOptimizer(Optimizer):
             inner.param_groups[0].update(hyper)  # learning-rate schedulers edit self.param_groups
             inner.step()
             if p.grad is not None:
-                self._stepped_versions[p] = p.grad._version
+                self._stepped_versions[p] = torch_private.grad_version(p.grad)
 
     def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]
         """Nothing to do: backward already stepped every bucket. Returns the closure's loss if one is given.
@@ -81,7 +82,8 @@ class OverlappedOptimizer(Optimizer):
                 "backward, on the scaled gradients, before the scaler can unscale them or skip a step with inf. "
                 "Use a plain optimizer with GradScaler (bf16 autocast needs no scaler)."
             )
-        changed = [p for p, v in self._stepped_versions.items() if p.grad is not None and p.grad._version != v]
+        version = torch_private.grad_version
+        changed = [p for p, v in self._stepped_versions.items() if p.grad is not None and version(p.grad) != v]
         self._stepped_versions.clear()
         if changed:
             raise ConfigError(
