@@ -8,12 +8,12 @@ import dataclasses
 from typing import Any
 
 import torch
-from models import IN, OUT, build, loss_fn
 from torch import nn
 
 import gradsync
 from gradsync.collectives import Communicator, Op, broadcast_tensors
 from gradsync.reducer.naive import average_gradients
+from lab.zoo.toys import IN, OUT, build, loss_fn
 
 BATCH = 4  # per rank
 

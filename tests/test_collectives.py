@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.distributed as dist
 from ddp_cases import BATCH, batch
-from models import build
+from lab.zoo.toys import build
 from torch import nn
 from torch.distributed.algorithms.join import Join
 

@@ -264,7 +264,7 @@ def test_engage_and_release_restore_the_outer_split() -> None:
 # ------------------------------------------------------------------------------------------------- nanoGPT's order
 def _gpt(rank: int, world: int, impl: str, backend: str) -> dict[str, torch.Tensor]:
     """nanoGPT's loop: compile the model, then wrap it; accumulate with require_backward_grad_sync; AdamW."""
-    from bench.zoo import make
+    from lab.zoo.workloads import make
 
     torch._dynamo.reset()
     torch.manual_seed(0)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 from ddp_cases import Case, max_diff, reference, run_case
-from models import build
+from lab.zoo.toys import build
 
 from gradsync.testing import spawn
 

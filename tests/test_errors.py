@@ -9,7 +9,7 @@ import time
 import pytest
 import torch
 import torch.distributed as dist
-from models import SometimesUsed
+from lab.zoo.toys import SometimesUsed
 from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import bf16_compress_hook
 

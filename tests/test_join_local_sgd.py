@@ -9,7 +9,7 @@ import os
 import pytest
 import torch
 from ddp_cases import BATCH, batch
-from models import build
+from lab.zoo.toys import build
 from torch import nn
 
 import gradsync

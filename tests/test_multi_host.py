@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from bench import netlab
+from lab import netlab
 
 SCRIPT = Path(__file__).parent / "scripts" / "two_host_train.py"
 REASON = netlab.available()

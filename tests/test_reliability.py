@@ -8,7 +8,7 @@ import time
 
 import pytest
 import torch
-from models import build
+from lab.zoo.toys import build
 from torch import nn
 
 import gradsync

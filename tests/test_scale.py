@@ -12,16 +12,16 @@ import torch
 
 import gradsync
 from gradsync import planner
-from gradsync.reducer import autotune, buckets
+from gradsync.reducer import autotune, buckets, caps
 from gradsync.testing import spawn
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from bench import netlab  # noqa: E402
-from bench.scale import _efficiency_ratio  # noqa: E402
-from bench.scale_probe import fit_ring  # noqa: E402
-from bench.scale_worker import scale_tuner_bytes  # noqa: E402
-from bench.synthetic import SyntheticModel, bert_shapes, gpt2_shapes, resnet50_shapes  # noqa: E402
+from bench.scale.probe import fit_ring  # noqa: E402
+from bench.scale.table import efficiency_ratio  # noqa: E402
+from bench.scale.worker import scale_tuner_bytes  # noqa: E402
+from lab import netlab  # noqa: E402
+from lab.zoo.synthetic import SyntheticModel, bert_shapes, gpt2_shapes, resnet50_shapes  # noqa: E402
 
 
 def test_ring_cost_by_hand() -> None:
@@ -49,10 +49,10 @@ def test_probe_fit_inverts_the_ring_cost() -> None:
 
 def test_efficiency_ratio_comes_from_the_step_by_step_ratios() -> None:
     # gradsync 2% slower than torch at N = 1 and 1% at N = 8: E(8) / torch's E(8) = 1.02 / 1.01.
-    assert _efficiency_ratio([1.02], [1.01]) == "1.010"
+    assert efficiency_ratio([1.02], [1.01]) == "1.010"
     expected = f"{1.02 / 1.02:.3f} ({1.00 / 1.03:.3f}-{1.04 / 1.01:.3f})"  # medians; the extremes paired
-    assert _efficiency_ratio([1.00, 1.02, 1.04], [1.01, 1.03]) == expected
-    assert _efficiency_ratio([None], [1.0]) == "-"
+    assert efficiency_ratio([1.00, 1.02, 1.04], [1.01, 1.03]) == expected
+    assert efficiency_ratio([None], [1.0]) == "-"
 
 
 def test_lab_scales_the_tuners_starting_and_candidate_caps(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -61,7 +61,7 @@ def test_lab_scales_the_tuners_starting_and_candidate_caps(monkeypatch: pytest.M
     monkeypatch.setattr(autotune, "CANDIDATE_CAPS_MB", autotune.CANDIDATE_CAPS_MB)
     scale_tuner_bytes(64)
     # What gradsync's default starts from (torch's 1 + 25 MiB) and what the tuner weighs, both 64 times smaller.
-    assert buckets.size_limits(None) == [2**20 // 64, 25 * 2**20 // 64]
+    assert caps.size_limits(None) == [2**20 // 64, 25 * 2**20 // 64]
     assert max(autotune.CANDIDATE_CAPS_MB) == 25 / 64 and min(autotune.CANDIDATE_CAPS_MB) == 0.25 / 64
     assert autotune._limits(25 / 64) == [2**20 // 64, 25 * 2**20 // 64]
 

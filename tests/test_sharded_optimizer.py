@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 from ddp_cases import BATCH, batch
-from models import build
+from lab.zoo.toys import build
 from torch import nn
 
 import gradsync

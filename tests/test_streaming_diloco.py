@@ -187,7 +187,7 @@ def test_a_delayed_exchange_applies_the_update_computed_when_it_began() -> None:
 
 
 def _evaluated(rank: int, world_size: int) -> dict:
-    from bench.converge_worker import evaluate_synchronised
+    from bench.converge.worker import evaluate_synchronised
 
     model = _model()
     with torch.no_grad():

@@ -13,7 +13,7 @@ import warnings
 import pytest
 import torch
 from ddp_cases import BATCH, batch
-from models import IN, OUT, build
+from lab.zoo.toys import IN, OUT, build
 from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 

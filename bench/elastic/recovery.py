@@ -1,0 +1,107 @@
+"""``python -m bench.elastic.recovery``: how long elastic training pauses when it loses a worker or a host, in the
+elastic fault lab (lab/elastic.py: a job started with ``gradsync run --elastic`` on 3 hosts, network namespaces, x 1
+rank, running tests/scripts/elastic_train.py; tests/test_elastic.py asserts on the same runs):
+
+    python -m bench.elastic.recovery --runs 3
+    python -m bench.elastic.recovery --runs 3 --detected-by allreduce
+
+which reports, per SIGKILL of one worker: how long the survivors paused (the kill to their next committed step,
+against their usual step), how long until the restarted worker committed a step again (rejoined over the network),
+how long the survivors stopped to admit it (the new group and the state sync), and how long a fresh job takes from
+launch to its first step, the least a restart-from-checkpoint pays on top of the work lost since the checkpoint.
+With the job's store on etcd, h0 (the host that started the job) lost whole, or cut off:
+
+    python -m bench.elastic.recovery --runs 5 --etcd host
+    python -m bench.elastic.recovery --runs 3 --etcd link
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from lab import netlab
+from lab.elastic import (
+    HOSTS,
+    admission_seconds,
+    any_host_lost,
+    check_exactly_once,
+    events_of,
+    first_step_after,
+    paused,
+    scenario,
+)
+
+
+def measure(tmp: Path, detected_by: str = "agreement") -> dict[str, float]:
+    """One SIGKILL of h1's worker, mid-epoch; the figures the module docstring lists. ``detected_by``: where the
+    step's time is spent, so where the kill lands: "agreement" (after backward: the step's agreement finds the
+    death) or "allreduce" (before it: the survivors' all-reduce fails)."""
+    started = time.time()
+    run = scenario(tmp, "sigkill", env={"SLEEP_AT": "forward"} if detected_by == "allreduce" else {})
+    out, (_victim, pid, when) = run["out"], run["faults"][0]
+    events = sorted(events_of(out), key=lambda e: e["t"])
+    survivor_times = [e["t"] for e in events if e["pid"] == run["survivors"][0]]
+    before = [b - a for a, b in zip(survivor_times, survivor_times[1:]) if b < when][-10:]
+    rejoined = min(e["t"] for e in events if e["pid"] not in (*run["survivors"], pid) and e["t"] > when)
+    return {
+        "usual step s": statistics.median(before),
+        "survivors paused s": first_step_after(out, when, run["survivors"]),
+        "worker back s": rejoined - when,
+        "survivors held to admit it s": max(admission_seconds(out), default=0.0),
+        "fresh job to first step s": events[0]["t"] - started,
+    }
+
+
+def measure_any_host(tmp: Path, fault: str) -> dict[str, float]:
+    """The job on etcd, h0 lost (``fault``: "host" or "link"); the survivors' pause, and whether a survivor was
+    blocked in gloo until the group's timeout (then the pause is that timeout's, not the detection's)."""
+    run = any_host_lost(tmp, fault)
+    out, (_host, _pid, when) = run["out"], run["faults"][0]
+    check_exactly_once(out, killed=1)
+    pause = paused(out, when, run["survivors"], HOSTS - 1)
+    return {
+        "survivors paused s": pause,
+        "a survivor blocked in gloo": float(any("Timed out" in log for log in run["logs"])),
+        "h0 back s": min(e["t"] for e in events_of(out) if e["t"] > when + pause and e["world"] == HOSTS) - when,
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.elastic.recovery", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument(
+        "--detected-by",
+        choices=("agreement", "allreduce"),
+        default="agreement",
+        help="where the kill lands: after backward (the agreement finds it) or before (an all-reduce fails)",
+    )
+    parser.add_argument(
+        "--etcd",
+        choices=("host", "link"),
+        default=None,
+        help="the job's store on etcd (a member per host), and h0, which started the job, lost: whole (SIGKILL of "
+        "its launcher, worker and etcd member, then a fresh launcher) or its link down for 8 s",
+    )
+    args = parser.parse_args(argv)
+    if netlab.available() is not None:
+        print(f"skipped: {netlab.available()}")
+        return 1
+    tmp = lambda: Path(tempfile.mkdtemp(prefix="gselastic"))  # noqa: E731
+    if args.etcd:
+        rows = [measure_any_host(tmp(), args.etcd) for _ in range(args.runs)]
+    else:
+        rows = [measure(tmp(), args.detected_by) for _ in range(args.runs)]
+    for key in rows[0]:
+        values = [r[key] for r in rows]
+        print(f"{key:28s} median {statistics.median(values):6.2f}   runs {', '.join(f'{v:.2f}' for v in values)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

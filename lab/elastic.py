@@ -1,0 +1,264 @@
+"""The elastic fault lab: a job started with ``gradsync run --elastic`` on 3 hosts (network namespaces) x 1 rank,
+running tests/scripts/elastic_train.py, and faults injected into it (SIGKILL, SIGSTOP, a link taken down, the host
+of the job's store lost). tests/test_elastic.py asserts on these runs; ``python -m bench.elastic.recovery`` times
+them."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+from gradsync.elastic import ElasticLoader
+from lab import etcd_cluster, netlab
+
+ROOT = Path(__file__).resolve().parents[1]
+SAMPLES, EPOCHS, HOSTS = 480, 3, 3
+
+
+def launch(lab: list, out: Path, env_extra: dict[str, str], store: str | None = None) -> list[subprocess.Popen]:
+    """One launcher per host. ``store``: ``--store``'s value (an etcd cluster), else h0's launcher serves it."""
+    return [launch_on(host, lab[0], out, env_extra, store) for host in lab]
+
+
+def launch_on(host, first, out: Path, env_extra: dict[str, str], store: str | None = None) -> subprocess.Popen:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RANK", "WORLD_SIZE", "MASTER_", "LOCAL_"))}
+    env.update(GLOO_SOCKET_IFNAME=host.interface, GRADSYNC_HOST=f"h{host.index}", PYTHONPATH=str(ROOT))
+    env.update(OMP_NUM_THREADS="1", **env_extra)
+    argv = [sys.executable, "-m", "gradsync", "run", "--elastic", "--nnodes", str(HOSTS), "--nproc-per-node", "1"]
+    argv += ["--max-restarts", "8", "--rdzv-endpoint", f"{first.address}:29650", "--local-addr", host.address]
+    if store:
+        argv += ["--store", store, "--rdzv-id", f"lab-{out.name}"]
+    argv += [str(ROOT / "tests" / "scripts" / "elastic_train.py"), str(out)]
+    command = host.command(["env", *[f"{k}={v}" for k, v in env.items()], *argv])
+    return subprocess.Popen(
+        command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
+
+
+def launch_on_loopback(out: Path, store: str, env_extra: dict[str, str], nproc: int = 2) -> subprocess.Popen:
+    """One launcher with ``nproc`` workers on this host's loopback, the job's store on the etcd cluster ``store``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RANK", "WORLD_SIZE", "MASTER_", "LOCAL_"))}
+    env.update(GLOO_SOCKET_IFNAME="lo", GRADSYNC_HOST="h0", PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", **env_extra)
+    argv = [sys.executable, "-m", "gradsync", "run", "--elastic", "--nnodes", "1", "--nproc-per-node", str(nproc)]
+    argv += ["--max-restarts", "2", "--store", store, "--rdzv-id", f"loopback-{out.name}-{os.getpid()}"]
+    argv += [str(ROOT / "tests" / "scripts" / "elastic_train.py"), str(out)]
+    return subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def events_of(out: Path) -> list[dict]:
+    found = []
+    for path in out.glob("*.events"):
+        pid = int(path.stem)
+        found += [json.loads(line) | {"pid": pid} for line in path.read_text().splitlines() if line]
+    return found
+
+
+def pid_of(out: Path, host: str) -> int:
+    pids = [int(p.stem) for p in out.glob("*.pid") if p.read_text() == host]
+    return max(pids, key=lambda pid: (out / f"{pid}.pid").stat().st_mtime)
+
+
+def wait_steps(out: Path, steps: int, timeout: float = 90) -> None:
+    deadline = time.monotonic() + timeout
+    while max((e["step"] for e in events_of(out)), default=0) < steps:
+        assert time.monotonic() < deadline, f"fewer than {steps} steps within {timeout}s"
+        time.sleep(0.1)
+
+
+def finish(procs: list[subprocess.Popen], timeout: float = 240) -> list[str]:
+    logs = []
+    for p in procs:
+        try:
+            logs.append(p.communicate(timeout=timeout)[0])
+        except subprocess.TimeoutExpired:
+            p.kill()
+            logs.append(p.communicate()[0])
+    assert all(p.returncode == 0 for p in procs), "\n----\n".join(log[-3000:] for log in logs)
+    return logs
+
+
+def check_exactly_once(out: Path, epochs: int = EPOCHS, killed: int = 0) -> None:
+    """Every sample of every epoch was in exactly one committed step's batch on exactly one rank.
+
+    A worker SIGKILLed after its step committed but before it wrote the line leaves a hole in the record, not in
+    the training: such a step (the other ranks recorded it with a world size larger than the ranks recorded) gets
+    the missing ranks' shares from the loader's own partition. So does a survivor whose all-reduce failed in a step
+    another member committed: the next round takes that member's state, so the step counts on every member (its
+    gradients were everyone's), though this one never recorded it. At most ``HOSTS - 1`` per kill injected.
+    """
+    events = events_of(out) + unrecorded_shares(events_of(out), killed)
+    for epoch in range(epochs):
+        counts = Counter(i for e in events if e["epoch"] == epoch for i in e["indices"])
+        assert sorted(counts) == list(range(SAMPLES)) and set(counts.values()) == {1}, f"epoch {epoch}"
+
+
+def unrecorded_shares(events: list[dict], killed: int) -> list[dict]:
+    by_step: dict[tuple, list[dict]] = {}
+    for e in events:
+        by_step.setdefault((e["epoch"], e["position"], e["world"]), []).append(e)
+    filled = []
+    for (epoch, position, world), recorded in by_step.items():
+        loader = ElasticLoader(range(SAMPLES), batch_size=4, seed=1)
+        loader.set_epoch(epoch)
+        missing = sorted(set(range(world)) - {e["rank"] for e in recorded})
+        filled += [{"epoch": epoch, "indices": loader.share(position, world, r)[0]} for r in missing]
+    allowed = killed * (HOSTS - 1)
+    assert len(filled) <= allowed, f"{len(filled)} ranks' committed steps unrecorded, {killed} kills injected"
+    return filled
+
+
+def finals(out: Path) -> list[dict]:
+    return [json.loads(p.read_text()) for p in out.glob("*.final")]
+
+
+def first_step_after(out: Path, when: float, pids: list[int]) -> float:
+    return min(e["t"] for e in events_of(out) if e["t"] > when and e["pid"] in pids) - when
+
+
+def paused(out: Path, when: float, pids: list[int], world: int) -> float:
+    """From the fault to the survivors' first step in the new world of ``world`` ranks (a step committed just after
+    the fault, before the survivors noticed it, does not end the pause)."""
+    return min(e["t"] for e in events_of(out) if e["t"] > when and e["pid"] in pids and e["world"] == world) - when
+
+
+def admission_seconds(out: Path) -> list[float]:
+    """How long the members stopped at each step boundary that admitted a worker (a new group, the state sync)."""
+    return [r["seconds"] for f in finals(out) for r in f["recoveries"] if r["world_after"] > r["world_before"]]
+
+
+def recoveries(logs: list[str]) -> str:
+    """The workers' recovery lines (who was lost, how it was found: the launcher's report or a heartbeat, and how
+    long the new round took): what a pause longer than expected needs explained."""
+    return "\n".join(line for log in logs for line in log.splitlines() if "gradsync elastic:" in line)
+
+
+def scenario(
+    tmp_path: Path, fault: str, count: int = 1, epochs: int = EPOCHS, env: dict[str, str] | None = None
+) -> dict:
+    """``env``: more of the training script's variables (HOOK, MONITOR: see tests/scripts/elastic_train.py)."""
+    out = tmp_path / fault
+    out.mkdir()
+    with netlab.lab(hosts=HOSTS, rate="1gbit", prefix="gselastic") as lab:
+        variables = {"STEP_SLEEP": "0.05", "ELASTIC_TIMEOUT": "5", "EPOCHS": str(epochs), **(env or {})}
+        procs = launch(lab, out, variables)
+        try:
+            return inject_and_finish(lab, procs, out, fault, count)
+        finally:
+            # A failed test leaves no launcher or worker behind (the workers run in sessions of their own).
+            for pid in [p.pid for p in procs] + [int(f.stem) for f in out.glob("*.pid")]:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+
+
+def store_host_lost(tmp_path: Path, wait: float = 60.0) -> dict:
+    """The host serving the job's store lost: h0's launcher (which serves it) and its worker SIGKILLed mid-epoch.
+    Returns, for the other two launchers, how long each took to end after the kill, its exit code and its output."""
+    out = tmp_path / "store_host"
+    out.mkdir()
+    with netlab.lab(hosts=HOSTS, rate="1gbit", prefix="gselastic") as lab:
+        procs = launch(lab, out, {"STEP_SLEEP": "0.05", "ELASTIC_TIMEOUT": "5", "EPOCHS": str(EPOCHS)})
+        try:
+            wait_steps(out, 15)
+            worker = pid_of(out, "h0")
+            when = time.monotonic()
+            os.kill(procs[0].pid, signal.SIGKILL)
+            os.kill(worker, signal.SIGKILL)
+            ended = {}
+            for host, p in zip(("h1", "h2"), procs[1:]):
+                try:
+                    output = p.communicate(timeout=max(1.0, wait - (time.monotonic() - when)))[0]
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    output = p.communicate()[0] + "\n(killed by the lab: still running)"
+                ended[host] = {"seconds": time.monotonic() - when, "code": p.returncode, "output": output}
+            return ended
+        finally:
+            for pid in [p.pid for p in procs] + [int(f.stem) for f in out.glob("*.pid")]:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+
+
+def any_host_lost(tmp_path: Path, fault: str = "host", down_s: float | None = None) -> dict:
+    """The job on an etcd cluster of 3 members, one per host, and h0 (which started it) lost mid-epoch: ``fault``
+    "host": its launcher, worker and etcd member SIGKILLed, then, after ``down_s``, the host "rebooted" (its etcd
+    member restarted with its data, a fresh launcher; 3 s: the replacement must arrive while the job runs); "link":
+    its link down for ``down_s`` (8 s: past the heartbeat timeout)."""
+    down_s = down_s if down_s is not None else (3.0 if fault == "host" else 8.0)
+    out = tmp_path / f"any_host_{fault}"
+    out.mkdir()
+    with netlab.lab(hosts=HOSTS, rate="1gbit", prefix="gselastic") as lab:
+        with etcd_cluster.cluster(tmp_path / f"etcd_{fault}", hosts=lab) as etcd:
+            variables = {"STEP_SLEEP": "0.05", "ELASTIC_TIMEOUT": "5", "EPOCHS": str(EPOCHS)}
+            procs = launch(lab, out, variables, store=etcd.url)
+            try:
+                wait_steps(out, 15)
+                survivors = [pid_of(out, "h1"), pid_of(out, "h2")]
+                victim = pid_of(out, "h0")
+                when = time.time()
+                if fault == "host":
+                    for pid in (procs[0].pid, victim):
+                        os.kill(pid, signal.SIGKILL)
+                    etcd.kill(0)
+                    procs[0].communicate()
+                    wait_after(out, when, survivors)
+                    time.sleep(max(0.0, down_s - (time.time() - when)))
+                    etcd.restart(0)
+                    procs[0] = launch_on(lab[0], lab[0], out, variables, store=etcd.url)
+                else:
+                    inject("link", lab[0], victim, down_s)
+                logs = finish(procs)
+                return {"out": out, "survivors": survivors, "faults": [("h0", victim, when)], "logs": logs}
+            finally:
+                for pid in [p.pid for p in procs] + [int(f.stem) for f in out.glob("*.pid")]:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
+
+
+def inject_and_finish(lab: list, procs: list[subprocess.Popen], out: Path, fault: str, count: int) -> dict:
+    wait_steps(out, 15)
+    survivors = [pid_of(out, "h0"), pid_of(out, "h2")]
+    faults, when = [], 0.0
+    for k in range(count):
+        victim = "h2" if fault == "sigkill" and k % 2 else "h1"
+        pid = training_pid(out, victim, since=when)  # a restarted victim has rejoined and committed a step
+        when = time.time()
+        faults.append((victim, pid, when))
+        inject(fault, lab[int(victim[1])], pid)
+        wait_after(out, when, [pid_of(out, h) for h in ("h0", "h1", "h2") if h != victim])
+    logs = finish(procs)
+    return {"out": out, "survivors": survivors, "faults": faults, "logs": logs}
+
+
+def training_pid(out: Path, host: str, since: float, timeout: float = 60) -> int:
+    deadline = time.monotonic() + timeout
+    while not any(e["pid"] == pid_of(out, host) and e["t"] > since for e in events_of(out)):
+        assert time.monotonic() < deadline, f"the worker on {host} made no step within {timeout}s"
+        time.sleep(0.1)
+    return pid_of(out, host)
+
+
+def inject(fault: str, host, pid: int, seconds: float = 8.0) -> None:
+    if fault == "sigkill":
+        os.kill(pid, signal.SIGKILL)
+    elif fault == "sigstop":
+        os.kill(pid, signal.SIGSTOP)
+        time.sleep(seconds)
+        os.kill(pid, signal.SIGCONT)
+    elif fault == "link":
+        subprocess.run(["ip", "-n", host.namespace, "link", "set", host.interface, "down"], check=True)
+        time.sleep(seconds)
+        subprocess.run(["ip", "-n", host.namespace, "link", "set", host.interface, "up"], check=True)
+
+
+def wait_after(out: Path, when: float, pids: list[int], timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while not any(e["t"] > when and e["pid"] in pids for e in events_of(out)):
+        assert time.monotonic() < deadline, "the survivors made no step after the fault"
+        time.sleep(0.05)

@@ -1,0 +1,136 @@
+"""An etcd cluster for the labs and tests: one member per lab host (network namespace), or N members on loopback
+ports. Each member can be killed and restarted (with its data, as a rebooted host would); everything is stopped and
+removed on exit, also after a failure. Needs Debian's ``etcd-server`` (``.ci/run`` installs it).
+
+    with etcd_cluster.cluster(tmp_path, members=3) as etcd:
+        store = etcd.url          # etcd://127.0.0.1:P1,127.0.0.1:P2,127.0.0.1:P3, for --store
+        etcd.kill(0); etcd.restart(0)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import shutil
+import signal
+import subprocess
+import time
+import urllib.request
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+from gradsync.testing import free_port
+from lab import netlab
+
+CLIENT_PORT, PEER_PORT = 2379, 2380
+
+
+def available() -> str | None:
+    """None if etcd can be started here, else the reason."""
+    if shutil.which("etcd") is None:
+        return "etcd is not installed (Debian: apt-get install etcd-server; .ci/run installs it)"
+    return None
+
+
+@dataclasses.dataclass
+class Member:
+    name: str
+    address: str
+    client_port: int
+    peer_port: int
+    data_dir: Path
+    host: netlab.Host | None = None
+    process: subprocess.Popen | None = None
+
+    @property
+    def endpoint(self) -> str:
+        return f"{self.address}:{self.client_port}"
+
+    @property
+    def peer_url(self) -> str:
+        return f"http://{self.address}:{self.peer_port}"
+
+
+class Cluster:
+    def __init__(self, members: list[Member], log_dir: Path) -> None:
+        self.members = members
+        self.log_dir = log_dir
+        self._initial = ",".join(f"{m.name}={m.peer_url}" for m in members)
+
+    @property
+    def url(self) -> str:
+        """``--store``'s value."""
+        return "etcd://" + ",".join(m.endpoint for m in self.members)
+
+    def start(self, index: int, state: str = "new") -> None:
+        m = self.members[index]
+        argv = ["etcd", "--name", m.name, "--data-dir", str(m.data_dir), "--logger", "zap", "--log-level", "warn"]
+        argv += ["--listen-client-urls", f"http://{m.endpoint}", "--advertise-client-urls", f"http://{m.endpoint}"]
+        argv += ["--listen-peer-urls", m.peer_url, "--initial-advertise-peer-urls", m.peer_url]
+        argv += ["--initial-cluster", self._initial, "--initial-cluster-state", state]
+        argv += ["--initial-cluster-token", "gradsync-lab", "--unsafe-no-fsync"]  # a lab: tmpfs-fast, no disk wait
+        argv += ["--auto-compaction-mode", "periodic", "--auto-compaction-retention", "1h"]
+        # etcd's tuning guide: a heartbeat near the round trip, an election timeout 10x it. A LAN's (the defaults,
+        # 100/1000 ms, are for links up to ~50 ms): a new leader within ~0.5-1 s of losing one.
+        argv += ["--heartbeat-interval", "50", "--election-timeout", "500"]
+        if m.host is not None:
+            argv = m.host.command(argv)
+        log = open(self.log_dir / f"{m.name}.log", "a")
+        m.process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def kill(self, index: int) -> None:
+        process = self.members[index].process
+        if process is not None and process.poll() is None:
+            process.send_signal(signal.SIGKILL)
+            process.wait()
+
+    def restart(self, index: int) -> None:
+        """The member back with its data, as after its host rebooted: it rejoins the cluster."""
+        self.kill(index)
+        self.start(index, state="existing")
+
+    def wait_healthy(self, indices: Sequence[int] | None = None, seconds: float = 30.0) -> None:
+        deadline = time.monotonic() + seconds
+        for i in range(len(self.members)) if indices is None else indices:
+            while not self._healthy(self.members[i]):
+                if time.monotonic() > deadline:
+                    log = (self.log_dir / f"{self.members[i].name}.log").read_text()[-2000:]
+                    raise RuntimeError(f"etcd member {self.members[i].name} not healthy within {seconds}s:\n{log}")
+                time.sleep(0.1)
+
+    def _healthy(self, m: Member) -> bool:
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        try:
+            command = m.host.command(["curl", "-s", "-m", "1", f"http://{m.endpoint}/health"]) if m.host else None
+            if command is not None:
+                return '"health":"true"' in subprocess.run(command, capture_output=True, text=True).stdout
+            with opener.open(f"http://{m.endpoint}/health", timeout=1) as answer:
+                return b'"health":"true"' in answer.read()
+        except OSError:
+            return False
+
+    def stop(self) -> None:
+        for i in range(len(self.members)):
+            self.kill(i)
+
+
+@contextlib.contextmanager
+def cluster(work: Path, members: int = 3, hosts: Sequence[netlab.Host] | None = None) -> Iterator[Cluster]:
+    """``members`` etcd members on loopback, or one on each of ``hosts`` (at its address, etcd's own ports)."""
+    work.mkdir(parents=True, exist_ok=True)
+    made = []
+    for i in range(len(hosts) if hosts else members):
+        host = hosts[i] if hosts else None
+        address = host.address if host else "127.0.0.1"
+        client, peer = (CLIENT_PORT, PEER_PORT) if host else (free_port(), free_port())
+        made.append(Member(f"m{i}", address, client, peer, work / f"m{i}.data", host))
+    etcd = Cluster(made, work)
+    try:
+        for i in range(len(made)):
+            etcd.start(i)
+        etcd.wait_healthy()
+        yield etcd
+    finally:
+        etcd.stop()
+        for m in made:
+            shutil.rmtree(m.data_dir, ignore_errors=True)
