@@ -1,13 +1,18 @@
-"""The benchmark runner end to end, tiny: two loopback ranks, interleaved variants, JSON and PNG out."""
+"""The benchmark runner end to end, tiny: two loopback ranks, interleaved variants, JSON (with the command and
+commit that made it) and PNG out; and ``gradsync bench``, which says where the benchmarks are (the library never
+imports them: tests/test_layers.py)."""
 
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from gradsync import cli
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -34,6 +39,10 @@ def test_bench_writes_ratios_tuning_and_a_png(tmp_path: Path) -> None:
     assert "bucket cap" in result["variants"]["gradsync"]["bucket_tuning"]
     assert result["variants"]["gradsync:tune=0"]["bucket_tuning"] is None
     assert out.with_suffix(".png").stat().st_size > 10_000
+    made_by = result["provenance"]
+    assert made_by["command"].startswith("python -m bench --model cnn --variants"), made_by
+    assert made_by["argv"][-2:] == ["--out", str(out)]
+    assert re.fullmatch("[0-9a-f]{40}", made_by["commit"]) and isinstance(made_by["dirty"], bool), made_by
 
 
 @pytest.mark.timeout(240)
@@ -55,3 +64,9 @@ def test_compiled_bench_splits_gradsyncs_graph_and_reports_exposed_communication
     assert result["variants"]["gradsync"]["bucket_tuning"] is None  # a compiled model keeps its caps
     for spec in ("torch", "gradsync"):
         assert result["variants"][spec]["exposed_comm_ms"] >= 0, spec
+
+
+def test_gradsync_bench_points_to_the_source_checkout(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["bench", "--model", "mlp"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "python -m bench" in err, err
