@@ -18,45 +18,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import resource
 import statistics
 import sys
 from collections.abc import Sequence
 
-import torch
-from torch import nn
-
-import gradsync
+from bench.memory.worker import rank_memory
 from gradsync.testing import spawn
 from lab.results import write_json
-
-
-def _peak_mib() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
-
-
-def _model(million: int) -> nn.Module:
-    width = 2048
-    layers = max(1, round(million * 1e6 / (width * width + width)))
-    return nn.Sequential(*[nn.Linear(width, width) for _ in range(layers)])
-
-
-def _worker(rank: int, world: int, impl: str, million: int, steps: int) -> dict[str, float]:
-    torch.manual_seed(0)
-    model = _model(million)
-    x = torch.randn(4, 2048)
-    base = _peak_mib()
-    ddp_class = gradsync.DistributedDataParallel if impl == "gradsync" else nn.parallel.DistributedDataParallel
-    ddp = ddp_class(model)
-    built = _peak_mib()
-    opt = torch.optim.SGD(model.parameters(), lr=1e-6)
-    for _ in range(steps):
-        opt.zero_grad(set_to_none=False)  # gradients stay allocated, as in most loops' steady state
-        ddp(x).sum().backward()
-        opt.step()
-    trained = _peak_mib()
-    params = sum(p.numel() for p in model.parameters())
-    return {"construction": built - base, "after_steps": trained - base, "params_mib": params * 4 / 2**20}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -72,7 +40,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     runs: dict[str, list[dict[str, float]]] = {"torch": [], "gradsync": []}
     for _ in range(args.runs):
         for impl in runs:  # alternated, so the machine's drift hits both
-            runs[impl].append(spawn(_worker, 2, args=(impl, args.params, args.steps), timeout=900)[0])
+            runs[impl].append(spawn(rank_memory, 2, args=(impl, args.params, args.steps), timeout=900)[0])
     result: dict = {"runs": runs}
     for key in ("construction", "after_steps"):
         medians = {impl: statistics.median(r[key] for r in rs) for impl, rs in runs.items()}
