@@ -39,7 +39,11 @@ def read_bool(name: str, default: bool, environ: Mapping[str, str] | None = None
 
 
 def read_seconds(name: str, default: float, environ: Mapping[str, str] | None = None) -> float:
-    """``name`` as a positive, finite number of seconds; unset or empty gives ``default``."""
+    """``name`` as a positive, finite number of seconds; unset or empty gives ``default``.
+
+    >>> read_seconds("GRADSYNC_TIMEOUT", 600.0, {"GRADSYNC_TIMEOUT": "30"})
+    30.0
+    """
     value = (os.environ if environ is None else environ).get(name, "").strip()
     if not value:
         return default
@@ -53,15 +57,27 @@ def read_seconds(name: str, default: float, environ: Mapping[str, str] | None = 
 
 
 def debug(environ: Mapping[str, str] | None = None) -> bool:
-    """``GRADSYNC_DEBUG``: check before each collective that every rank is about to issue the same one."""
+    """``GRADSYNC_DEBUG``: check before each collective that every rank is about to issue the same one.
+
+    >>> debug({"GRADSYNC_DEBUG": "1"})
+    True
+    """
     return read_bool("GRADSYNC_DEBUG", False, environ)
 
 
 def bucket_tuning(environ: Mapping[str, str] | None = None) -> bool:
-    """``GRADSYNC_BUCKET_TUNING``: with ``bucket_cap_mb=None``, let the tuner choose the caps at the rebuild."""
+    """``GRADSYNC_BUCKET_TUNING``: with ``bucket_cap_mb=None``, let the tuner choose the caps at the rebuild.
+
+    >>> bucket_tuning({})  # on unless GRADSYNC_BUCKET_TUNING=0
+    True
+    """
     return read_bool("GRADSYNC_BUCKET_TUNING", True, environ)
 
 
 def timeout_seconds(default: float, environ: Mapping[str, str] | None = None) -> float:
-    """``GRADSYNC_TIMEOUT``: seconds before a collective fails instead of hanging."""
+    """``GRADSYNC_TIMEOUT``: seconds before a collective fails instead of hanging.
+
+    >>> timeout_seconds(600.0, {"GRADSYNC_TIMEOUT": "120"})
+    120.0
+    """
     return read_seconds("GRADSYNC_TIMEOUT", default, environ)

@@ -26,7 +26,23 @@ import torch.distributed as dist
 
 @dataclass
 class RankFailure:
-    """How one rank ended badly: the exception's type name and message, or how the process died."""
+    """How one rank ended badly: the exception's type name and message, or how the process died.
+
+    Example::
+
+        from gradsync.testing import SpawnError, spawn
+
+        def work(rank, world_size):
+            if rank == 1:
+                raise ValueError("bad shard")
+
+        if __name__ == "__main__":
+            try:
+                spawn(work, world_size=2)
+            except SpawnError as error:
+                failure = error.failures[1]   # a RankFailure
+                assert failure.kind == "ValueError" and "bad shard" in failure.message
+    """
 
     rank: int
     kind: str
@@ -35,7 +51,23 @@ class RankFailure:
 
 
 class SpawnError(RuntimeError):
-    """One or more ranks failed or timed out; ``failures`` maps rank → :class:`RankFailure`."""
+    """One or more ranks failed or timed out; ``failures`` maps rank → :class:`RankFailure`.
+
+    Example::
+
+        from gradsync.testing import SpawnError, spawn
+
+        def hang(rank, world_size):
+            if rank == 0:
+                import time
+                time.sleep(60)
+
+        if __name__ == "__main__":
+            try:
+                spawn(hang, world_size=2, timeout=5)
+            except SpawnError as error:   # every rank was killed; error.failures says which had not finished
+                assert 0 in error.failures and 1 not in error.failures
+    """
 
     def __init__(self, failures: dict[int, RankFailure], results: dict[int, Any]) -> None:
         self.failures = failures
@@ -101,12 +133,19 @@ def spawn(
     Returns each rank's return value (they must pickle), in rank order. Raises :class:`SpawnError` if any rank
     raised, died, or was still running after ``timeout`` seconds. ``fn`` must be importable (module level).
 
-    >>> def work(rank, world_size):
-    ...     t = torch.ones(1) * rank
-    ...     dist.all_reduce(t)
-    ...     return t.item()
-    >>> spawn(work, world_size=2)  # doctest: +SKIP
-    [1.0, 1.0]
+    Example::
+
+        import torch
+        import torch.distributed as dist
+        from gradsync.testing import spawn
+
+        def work(rank, world_size):  # at module level: every rank imports it
+            t = torch.ones(1) * rank
+            dist.all_reduce(t)
+            return t.item()
+
+        if __name__ == "__main__":
+            assert spawn(work, world_size=2) == [1.0, 1.0]
     """
     ctx = _context()
     store = dist.TCPStore(
@@ -168,9 +207,17 @@ def _collect(procs: list, results: Any, timeout: float) -> tuple[dict[int, Any],
 def spawn_failures(fn: Callable[..., Any], **kwargs: Any) -> dict[int, RankFailure]:
     """Run :func:`spawn` where at least one rank is expected to fail; return the failures by rank.
 
-    >>> failures = spawn_failures(work_that_raises, timeout=50, pg_timeout=10)  # doctest: +SKIP
-    >>> failures[0].kind
-    'RuntimeError'
+    Example::
+
+        from gradsync.testing import spawn_failures
+
+        def work_that_raises(rank, world_size):
+            if rank == 0:
+                raise RuntimeError("rank 0 gives up")
+
+        if __name__ == "__main__":
+            failures = spawn_failures(work_that_raises, timeout=50, pg_timeout=10)
+            assert failures[0].kind == "RuntimeError" and 1 not in failures
     """
     try:
         outputs = spawn(fn, **kwargs)

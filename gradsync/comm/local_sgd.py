@@ -93,5 +93,10 @@ def allreduce_unless_local(
 
 
 def average_parameters(module: torch.nn.Module, process_group: dist.ProcessGroup | None = None) -> None:
-    """Replace every parameter of ``module`` by its mean over ``process_group`` (one all-reduce per dtype)."""
+    """Replace every parameter of ``module`` by its mean over ``process_group`` (one all-reduce per dtype).
+
+    Example::
+
+        average_parameters(ddp.module)   # every rank now holds the mean of the replicas
+    """
     average_tensors(Communicator(process_group), Op.PARAMETER_AVERAGE, [p.detach() for p in module.parameters()])

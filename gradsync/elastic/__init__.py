@@ -66,6 +66,12 @@ def init(
 
     If the job finished before this worker could join, the returned job says so (``finished_without_me``), and
     ``elastic.run`` returns None at once: nothing is left to do.
+
+    Example::
+
+        job = gradsync.elastic.init(timeout=10)   # on every worker that `gradsync run --elastic` started
+        print(f"rank {dist.get_rank()} of {dist.get_world_size()}")   # the round's process group is the default one
+        job.finished()                            # done (elastic.run and State.finish() call it for you)
     """
     job = Membership.connect(Timeouts.read(timeout, collective_timeout, admission_timeout))
     if os.environ.get(REJOIN_VARIABLE) == "1" or job.job_running():

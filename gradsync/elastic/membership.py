@@ -45,12 +45,27 @@ log = logging.getLogger("gradsync")
 
 
 class MembershipChanged(GradsyncError):
-    """A member died, stalled or a worker asked to join: the group must be formed again (handled by elastic.run)."""
+    """A member died, stalled or a worker asked to join: the group must be formed again (handled by elastic.run).
+
+    Example::
+
+        try:
+            raise MembershipChanged("rank 2 stopped")   # what a step raises when a member is lost
+        except gradsync.GradsyncError as error:       # elastic.run and State.guard() catch it for you
+            print(error)
+    """
 
 
 class JobFinished(GradsyncError):
     """A worker started (or restarted) too late: the others already finished the training. ``elastic.init``
-    returns no job then, and ``elastic.run`` returns None: nothing is left to do."""
+    returns no job then, and ``elastic.run`` returns None: nothing is left to do.
+
+    Example::
+
+        job = gradsync.elastic.init(timeout=10)
+        if job.finished_without_me:   # init caught JobFinished: the others are done, nothing is left to do
+            raise SystemExit(0)
+    """
 
 
 @dataclass(frozen=True)
@@ -69,7 +84,15 @@ class Round:
 
 
 class Membership:
-    """This worker's view of the job; ``connect()`` from the environment ``gradsync run --elastic`` sets."""
+    """This worker's view of the job; ``connect()`` from the environment ``gradsync run --elastic`` sets.
+
+    Example::
+
+        job = gradsync.elastic.init(timeout=10)   # this worker's Membership
+        if not job.finished_without_me:           # True for a worker started after the others finished
+            print(f"a member lost for {job.timeout} s is left out")
+        job.finished()
+    """
 
     def __init__(self, store: dist.Store, beat_store: dist.Store, timeouts: Timeouts, where: str = "") -> None:
         self.store = store
@@ -346,7 +369,12 @@ class Timeouts:
     - ``collective``: the round's process group's timeout: a collective with a stopped member fails after it;
     - ``admission``: how long a worker asking to join waits to be admitted.
 
-    Each has a ``GRADSYNC_ELASTIC_*_TIMEOUT`` override (HEARTBEAT, COLLECTIVE, ADMISSION)."""
+    Each has a ``GRADSYNC_ELASTIC_*_TIMEOUT`` override (HEARTBEAT, COLLECTIVE, ADMISSION).
+
+    Example::
+
+        timeouts = Timeouts(heartbeat=10, collective=30, admission=600)   # gradsync.elastic.init(10, 30, 600)'s
+    """
 
     heartbeat: float = 10.0
     collective: float = 10.0

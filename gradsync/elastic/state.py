@@ -43,7 +43,13 @@ MAX_FUTILE_RECOVERIES = 5  # recoveries in a row without a committed step: give 
 
 @dataclass(frozen=True)
 class Recovery:
-    """One membership change: when, why, and what it cost (recorded in ``State.recoveries``)."""
+    """One membership change: when, why, and what it cost (recorded in ``State.recoveries``).
+
+    Example::
+
+        for change in state.recoveries:   # one Recovery per membership change this worker survived
+            print(f"step {change.step}: {change.world_before} -> {change.world_after} ranks in {change.seconds:.2f} s")
+    """
 
     step: int
     reason: str
@@ -57,6 +63,13 @@ class State:
 
     ``State(job, model=ddp, optimizer=opt, loader=loader, epoch=0)``, with ``job`` from :func:`gradsync.elastic.init`;
     counters are attributes (``state.epoch``).
+
+    Example::
+
+        state = gradsync.elastic.State(job, model=ddp, optimizer=opt, loader=loader, epoch=0)
+        state.begin()                   # a worker that joins receives the state here
+        print(state.epoch, state.steps)  # a counter of yours, and the committed steps
+        state.finish()
     """
 
     def __init__(
@@ -245,7 +258,7 @@ def run(train: Callable[..., T]) -> Callable[..., T | None]:
                     state.step()
                 state.epoch = epoch + 1
 
-        train(gradsync.elastic.State(model=ddp, optimizer=opt, loader=loader, epoch=0))
+        train(gradsync.elastic.State(job, model=ddp, optimizer=opt, loader=loader, epoch=0))
     """
 
     @functools.wraps(train)

@@ -7,14 +7,15 @@ to let that name mean gradsync's class while you train: an explicit, reversible 
 
 Example::
 
+    from accelerate import Accelerator
     from gradsync.integrations.accelerate import gradsync_ddp
 
     with gradsync_ddp():
         accelerator = Accelerator()
         model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
         for x, y in loader:
-            ...
-            accelerator.backward(loss)
+            optimizer.zero_grad()
+            accelerator.backward(loss_fn(model(x), y))
             optimizer.step()
 
 Limits, because it swaps a module attribute:
@@ -40,7 +41,17 @@ _PLACES = (torch.nn.parallel, torch.nn.parallel.distributed)
 
 @contextlib.contextmanager
 def gradsync_ddp() -> Iterator[type[DistributedDataParallel]]:
-    """Inside the block, ``torch.nn.parallel.DistributedDataParallel`` is gradsync's class."""
+    """Inside the block, ``torch.nn.parallel.DistributedDataParallel`` is gradsync's class.
+
+    Example::
+
+        from accelerate import Accelerator
+        from gradsync.integrations.accelerate import gradsync_ddp
+
+        with gradsync_ddp():
+            accelerator = Accelerator()
+            model, optimizer = accelerator.prepare(model, optimizer)   # model is now gradsync's DDP
+    """
     saved = [place.DistributedDataParallel for place in _PLACES]  # type: ignore[attr-defined]
     try:
         for place in _PLACES:

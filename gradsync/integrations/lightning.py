@@ -15,7 +15,7 @@ Example::
     import lightning as L
     from gradsync.integrations.lightning import GradsyncStrategy
 
-    trainer = L.Trainer(strategy=GradsyncStrategy(), accelerator="cpu", devices=2)
+    trainer = L.Trainer(strategy=GradsyncStrategy(), accelerator="cpu", devices=2, max_epochs=1)
     trainer.fit(model, loader)
 """
 
@@ -37,7 +37,17 @@ from gradsync.observe import Monitor
 
 
 class GradsyncStrategy(DDPStrategy):
-    """Lightning's ``DDPStrategy``, wrapping the LightningModule in gradsync's DistributedDataParallel."""
+    """Lightning's ``DDPStrategy``, wrapping the LightningModule in gradsync's DistributedDataParallel.
+
+    Example::
+
+        import lightning as L
+        from gradsync.integrations.lightning import GradsyncStrategy
+
+        strategy = GradsyncStrategy(find_unused_parameters=False, monitor=True)   # DDPStrategy's options, and a Monitor
+        trainer = L.Trainer(strategy=strategy, accelerator="cpu", devices=2, max_epochs=1)
+        trainer.fit(model, loader)
+    """
 
     strategy_name = "gradsync"
 
@@ -93,7 +103,20 @@ class _GradsyncBackwardSyncControl(_BackwardSyncControl):
 
 
 class GradsyncFabricStrategy(FabricDDPStrategy):
-    """Fabric's ``DDPStrategy``, wrapping modules in gradsync's DistributedDataParallel."""
+    """Fabric's ``DDPStrategy``, wrapping modules in gradsync's DistributedDataParallel.
+
+    Example::
+
+        import lightning as L
+        from gradsync.integrations.lightning import GradsyncFabricStrategy
+
+        fabric = L.Fabric(strategy=GradsyncFabricStrategy(), accelerator="cpu", devices=2)  # or strategy="gradsync"
+        fabric.launch()
+        model, optimizer = fabric.setup(model, torch.optim.SGD(model.parameters(), lr=0.1))
+        x, y = dataset[:32]
+        fabric.backward(loss_fn(model(x), y))
+        optimizer.step()
+    """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

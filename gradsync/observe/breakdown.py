@@ -13,7 +13,13 @@ from gradsync.observe.recorder import StepRecord
 @dataclasses.dataclass
 class StepBreakdown:
     """Seconds per phase of one step (or medians over steps); ``overlap`` is the share of communication time
-    hidden behind backward, ``exposed_comm`` the wait for communication after backward finished."""
+    hidden behind backward, ``exposed_comm`` the wait for communication after backward finished.
+
+    Example::
+
+        b = monitor.breakdown()   # this rank's median step, a StepBreakdown
+        print(f"backward {b.backward * 1e3:.1f} ms, {b.exposed_comm * 1e3:.1f} ms waiting, {b.overlap:.0%} hidden")
+    """
 
     forward: float
     backward: float
@@ -67,7 +73,13 @@ def breakdowns(steps: Sequence[StepRecord]) -> list[StepBreakdown]:
 
 
 def median_breakdown(steps: Sequence[StepRecord], skip_first: int = 1) -> StepBreakdown | None:
-    """Median of each phase over the steps, skipping the first (bucket rebuild, allocator warm-up)."""
+    """Median of each phase over the steps, skipping the first (bucket rebuild, allocator warm-up).
+
+    Example::
+
+        per_rank = monitor.gather()              # {rank: [StepRecord, ...]}, on every rank (a collective)
+        print(median_breakdown(per_rank[0]))     # rank 0's median step, its first (the rebuild's) left out
+    """
     items = breakdowns(steps)
     items = items[skip_first:] if len(items) > skip_first else items
     if not items:
@@ -87,7 +99,13 @@ class Arrival:
 
 
 def arrivals(per_rank: Mapping[int, Sequence[StepRecord]]) -> list[Arrival]:
-    """For each step and bucket present on every rank: how late the last rank arrived, and which rank it was."""
+    """For each step and bucket present on every rank: how late the last rank arrived, and which rank it was.
+
+    Example::
+
+        for arrival in arrivals(monitor.gather())[:3]:   # who reached each bucket's all-reduce last, and how late
+            print(arrival)
+    """
     out = []
     n_steps = min((len(s) for s in per_rank.values()), default=0)
     for i in range(n_steps):
@@ -102,7 +120,15 @@ def arrivals(per_rank: Mapping[int, Sequence[StepRecord]]) -> list[Arrival]:
 
 
 def slowest_rank(per_rank: Mapping[int, Sequence[StepRecord]]) -> tuple[int, float] | None:
-    """The rank that most often arrived last, and its median lateness in seconds."""
+    """The rank that most often arrived last, and its median lateness in seconds.
+
+    Example::
+
+        found = slowest_rank(monitor.gather())   # None with a single rank
+        if found:
+            rank, late = found
+            print(f"rank {rank} arrives last, {late * 1e3:.1f} ms late (median)")
+    """
     found = arrivals(per_rank)
     if not found:
         return None

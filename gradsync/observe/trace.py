@@ -27,6 +27,13 @@ def _slice(name: str, start: float, end: float, pid: int, tid: int, origin: floa
 
 
 def chrome_trace(per_rank: Mapping[int, Sequence[StepRecord]]) -> dict[str, Any]:
+    """Every rank's steps as a Chrome trace (a dict): a row per rank for compute and one for communication.
+
+    Example::
+
+        trace = chrome_trace(monitor.gather())   # on every rank (gather is a collective)
+        print(len(trace["traceEvents"]), "events")
+    """
     starts = [s.forward_start for steps in per_rank.values() for s in steps if s.forward_start]
     origin = min(starts, default=0.0)
     events: list[dict[str, Any]] = []
@@ -65,12 +72,24 @@ def chrome_trace(per_rank: Mapping[int, Sequence[StepRecord]]) -> dict[str, Any]
 
 
 def write_chrome_trace(per_rank: Mapping[int, Sequence[StepRecord]], path: str | os.PathLike) -> None:
+    """:func:`chrome_trace` written to ``path`` as JSON: open it in ui.perfetto.dev or ``gradsync report``.
+
+    Example::
+
+        write_chrome_trace(monitor.gather(), "trace.json")   # what monitor.export_chrome_trace does
+    """
     with open(path, "w") as fh:
         json.dump(chrome_trace(per_rank), fh)
 
 
 def read_steps(path: str | os.PathLike) -> dict[int, list[StepRecord]]:
-    """The step records of every rank stored in a trace written by :func:`write_chrome_trace`."""
+    """The step records of every rank stored in a trace written by :func:`write_chrome_trace`.
+
+    Example::
+
+        steps = read_steps("trace.json")    # {rank: [StepRecord, ...]}, as the job recorded them
+        print(median_breakdown(steps[0]))
+    """
     try:
         with open(path) as fh:
             data = json.load(fh)

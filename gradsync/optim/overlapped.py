@@ -23,10 +23,6 @@ from gradsync.validate import require_ddp
 
 
 class OverlappedOptimizer(Optimizer):
-    # GradScaler then hands its scale and found-inf flag to step() instead of unscaling the gradients itself, which
-    # is how step() knows a scaler is in use (see _refuse_late_changes).
-    _step_supports_amp_scaling = True
-
     """Attach to a DDP model; ``backward()`` then also steps the optimizer, and :meth:`step` does nothing.
 
     Example::
@@ -39,6 +35,10 @@ class OverlappedOptimizer(Optimizer):
             opt.step()                      # nothing left to do; kept so training loops need no change
             sched.step()
     """
+
+    # GradScaler then hands its scale and found-inf flag to step() instead of unscaling the gradients itself, which
+    # is how step() knows a scaler is in use (see _refuse_late_changes).
+    _step_supports_amp_scaling = True
 
     def __init__(self, ddp: Any, optimizer_class: type[Optimizer], **defaults: Any) -> None:
         require_ddp("OverlappedOptimizer", ddp)

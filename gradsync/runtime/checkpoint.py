@@ -38,7 +38,15 @@ def _unwrap(obj: Any) -> Any:
 
 
 def rng_state() -> dict[str, Any]:
-    """This process's torch, CUDA, numpy and Python generator states."""
+    """This process's torch, CUDA, numpy and Python generator states.
+
+    Example::
+
+        saved = checkpoint.rng_state()
+        first = torch.rand(1)
+        checkpoint.set_rng_state(saved)
+        assert torch.equal(torch.rand(1), first)   # the same draw again
+    """
     state = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         state["cuda"] = torch.cuda.get_rng_state_all()
@@ -46,6 +54,12 @@ def rng_state() -> dict[str, Any]:
 
 
 def set_rng_state(state: Mapping[str, Any]) -> None:
+    """Set this process's torch, CUDA, numpy and Python generators to ``state``, from :func:`rng_state`.
+
+    Example::
+
+        checkpoint.set_rng_state(checkpoint.rng_state())   # what restore() does with a checkpoint's saved states
+    """
     torch.set_rng_state(state["torch"])
     np.random.set_state(state["numpy"])
     random.setstate(state["python"])
@@ -54,7 +68,12 @@ def set_rng_state(state: Mapping[str, Any]) -> None:
 
 
 def atomic_torch_save(obj: Any, path: str | os.PathLike) -> None:
-    """``torch.save`` to a temporary file beside ``path``, fsync, then rename over ``path``."""
+    """``torch.save`` to a temporary file beside ``path``, fsync, then rename over ``path``.
+
+    Example::
+
+        checkpoint.atomic_torch_save({"step": 3}, "state.pt")   # a reader sees the old state.pt or the new one, whole
+    """
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
@@ -183,7 +202,13 @@ class _Discard:
 
 
 def load(path: str | os.PathLike, map_location: str | torch.device | None = None) -> dict[str, Any]:
-    """Read a checkpoint written by :func:`save` (onto ``map_location``, default CPU); pass it to :func:`restore`."""
+    """Read a checkpoint written by :func:`save` (onto ``map_location``, default CPU); pass it to :func:`restore`.
+
+    Example::
+
+        ckpt = checkpoint.load("ckpt.pt")   # on every rank; tensors onto the CPU
+        extras = checkpoint.restore(ckpt, model=ddp, optimizer=opt, loader=loader)
+    """
     _check_map_location(map_location)
     if not Path(path).exists():
         raise FileNotFoundError(f"gradsync.checkpoint.load: no checkpoint at '{path}'")

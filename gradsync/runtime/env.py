@@ -22,7 +22,14 @@ DEFAULT_TIMEOUT_S = 600.0  # torch's own default for gloo and NCCL; GRADSYNC_TIM
 
 @dataclasses.dataclass(frozen=True)
 class DistInfo:
-    """What :func:`init` found: this process's place in the job and the device it should use."""
+    """What :func:`init` found: this process's place in the job and the device it should use.
+
+    Example::
+
+        info = gradsync.init()   # a DistInfo
+        model = gradsync.DistributedDataParallel(model.to(info.device))
+        print(f"rank {info.rank} of {info.world_size} ({info.backend}) on {info.device}")
+    """
 
     rank: int
     world_size: int
@@ -233,7 +240,14 @@ def _rendezvous_failed(exc: Exception, rank: int, world: int, where: str, timeou
 
 def shutdown() -> None:
     """Wait for every rank, destroy the default process group, and let the backend's threads wind down.
-    Call at the end of a script (also safe when nothing was initialised)."""
+    Call at the end of a script (also safe when nothing was initialised).
+
+    Example::
+
+        info = gradsync.init()
+        ...                     # train
+        gradsync.shutdown()
+    """
     if dist.is_initialized():
         try:
             dist.barrier()
