@@ -76,7 +76,9 @@ def run_point(args: argparse.Namespace, ranks: int, out: Path) -> dict:
                 subprocess.Popen(host.command(["env", *[f"{k}={v}" for k, v in env.items()], *argv]), cwd=ROOT)
             )
         wait_ranks(procs, args.timeout, "bench.scale")
-    return read_json(out)
+    result = read_json(out)
+    write_json(out, result)  # with this command's provenance, not rank 0's worker's
+    return result
 
 
 def calibrate(args: argparse.Namespace) -> planner.Topology:
