@@ -25,15 +25,9 @@ ALLOWED = {
     "gradsync/ddp/compiled.py": "the compile seam: imports torch._dynamo, sets DDP._active_ddp_module; its names are "
     "the table's compile records",
 }
-# Files the lead was refactoring when the accessors came in; they still use the names directly. Empty this once
-# they call gradsync.torch_private (the replacements are listed in the report of issue 31).
-NOT_YET_SWITCHED = (
-    "gradsync/reducer/reducer.py",
-    "gradsync/reducer/reduction.py",
-    "gradsync/reducer/step.py",
-    "gradsync/reducer/ready.py",
-    "gradsync/ddp/module.py",
-)
+# Files that still spell the names themselves until switched to the accessors: none now (the reducer and the DDP
+# module were switched last, after their refactor).
+NOT_YET_SWITCHED: tuple[str, ...] = ()
 # Attributes that are torch's private ones on whatever object they are read from (a group, a tensor, an engine).
 PRIVATE_ATTRIBUTES = {"_get_backend", "_timeout", "_version", "_execution_engine", "_world", "_get_default_store"}
 # Bare names that code could pass to getattr/setattr or compare with a frame's name.

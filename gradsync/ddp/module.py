@@ -18,6 +18,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.algorithms.join import Join, Joinable, JoinHook
 
+from gradsync import torch_private
 from gradsync.collectives.communicator import Communicator, Op
 from gradsync.collectives.tensors import broadcast_tensors
 from gradsync.comm import regroup
@@ -239,7 +240,7 @@ class DistributedDataParallel(nn.Module, Joinable):
         >>> ddp = DistributedDataParallel(model)  # doctest: +SKIP
         """
         # torch's attribute, so torch's wrapper honours the list too (setattr: nn.Module's stubs type attributes).
-        setattr(module, "_ddp_params_and_buffers_to_ignore", list(names))  # noqa: B010
+        setattr(module, torch_private.PARAMS_AND_BUFFERS_TO_IGNORE, list(names))  # noqa: B010
 
     @property
     def broadcast_buffers(self) -> bool:

@@ -14,6 +14,8 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from gradsync import torch_private
+
 ReadyFunction = Callable[[int], None]
 
 
@@ -88,8 +90,7 @@ def warning_once(message: Callable[[int], str], inner: ReadyFunction) -> ReadyFu
 
 def current_graph_task() -> int:
     """The autograd engine's id for the backward now running (-1 outside one, or where torch cannot say)."""
-    task_id = getattr(torch._C, "_current_graph_task_id", None)
-    return task_id() if task_id is not None else -1
+    return torch_private.current_graph_task_id()
 
 
 def inside_nested_backward(caller_thread: int) -> bool:
@@ -106,7 +107,7 @@ def inside_nested_backward(caller_thread: int) -> bool:
     depth = 0
     frame = sys._getframe()
     while frame is not None:
-        depth += frame.f_code.co_name == "_engine_run_backward"
+        depth += frame.f_code.co_name == torch_private.ENGINE_RUN_BACKWARD_FRAME
         frame = frame.f_back  # type: ignore[assignment]
     outermost_frames = 1 if threading.get_ident() == caller_thread else 0
     return depth > outermost_frames

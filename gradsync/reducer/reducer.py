@@ -30,6 +30,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from gradsync import torch_private
 from gradsync.collectives.communicator import Communicator, Op
 from gradsync.errors import ConfigError, GradientError
 from gradsync.observe.clock import clock_for
@@ -235,7 +236,7 @@ class Reducer:
         """The outputs' sink ran: this is the outermost backward of the armed step; check its end there."""
         step = self._step
         if step is not None and step.claim_end_check():
-            torch.autograd.Variable._execution_engine.queue_callback(self._end_of_backward)
+            torch_private.queue_backward_callback(self._end_of_backward)
 
     # ------------------------------------------------------------------------------------ the hooks' side
     def _make_hook(self, index: int) -> Callable[[torch.Tensor], None]:
@@ -284,7 +285,7 @@ class Reducer:
         self._agree_on_hook_once()
         self._rebuild.backward_started()
         if step.claim_end_check():
-            torch.autograd.Variable._execution_engine.queue_callback(self._end_of_backward)
+            torch_private.queue_backward_callback(self._end_of_backward)
         self._recorder.backward_start(self.layout.buckets)
         step.begin(learning=self._static is not None and self._static.learning)
         self._follow(step)
@@ -326,7 +327,7 @@ class Reducer:
             self._reduce_what_was_learned(step)
         elif ready.inside_nested_backward(self._forward_thread):
             task = ready.current_graph_task()
-            queue = lambda: torch.autograd.Variable._execution_engine.queue_callback(self._end_of_backward)  # noqa: E731
+            queue = lambda: torch_private.queue_backward_callback(self._end_of_backward)  # noqa: E731
             self._on_ready = ready.requeue_on_new_graph_task(task, queue, self._on_ready)
         else:
             step.raise_not_ready(
@@ -345,7 +346,7 @@ class Reducer:
                 step.mark_ready(i)  # the last launch queues the finalizer, right behind this callback
 
     def _queue_finalize(self) -> None:
-        torch.autograd.Variable._execution_engine.queue_callback(self._finalize)
+        torch_private.queue_backward_callback(self._finalize)
 
     def _finalize(self) -> None:
         step = self._step

@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from gradsync import torch_private
 from gradsync.collectives.communicator import Communicator, Op
 from gradsync.errors import ConfigError
 from gradsync.reducer import messages
@@ -55,7 +56,7 @@ class HookReduction:
     ) -> torch.futures.Future:
         bucket = GradBucket(k, buffer, views, params, is_last)  # a fresh one each launch: hooks may set_buffer()
         future = self.comm.launch(Op.BUCKET_ALLREDUCE, k, buffer, lambda: self.hook(self.state, bucket))
-        if not isinstance(future, torch._C.Future):  # torch.futures.Future and what .then() returns
+        if not torch_private.is_torch_future(future):  # torch.futures.Future and what .then() returns
             raise ConfigError(
                 f"communication hook {getattr(self.hook, '__name__', self.hook)!r} returned "
                 f"{type(future).__name__} for bucket {k}; it must return a torch.futures.Future[torch.Tensor]."
