@@ -10,7 +10,6 @@ import pytest
 import torch
 import torch.distributed as dist
 from ddp_cases import BATCH, batch
-from lab.zoo.toys import build
 from torch import nn
 from torch.distributed.algorithms.join import Join
 
@@ -18,6 +17,7 @@ import gradsync
 from gradsync.observe import Monitor
 from gradsync.runtime import checkpoint
 from gradsync.testing import spawn
+from lab.zoo.toys import build
 
 COLLECTIVES = ("all_reduce", "broadcast", "all_gather", "all_gather_object", "barrier", "all_to_all", "reduce")
 ALLOWED = ("gradsync/collectives/communicator.py", "torch/distributed/algorithms/join.py")

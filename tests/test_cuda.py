@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 import torch
 from ddp_cases import BATCH, batch
-from lab.zoo.toys import build
 from torch import nn
 
 import gradsync
 from gradsync.testing import spawn
+from lab.zoo.toys import build
 
 GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0
 

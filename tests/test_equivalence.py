@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 from ddp_cases import Case, max_diff, reference, run_case
-from lab.zoo.toys import build
 
 from gradsync.testing import spawn
+from lab.zoo.toys import build
 
 TINY = ("bucket_cap_mb", 0.0005)  # ~500 bytes: one or two parameters per bucket
 VIEW = ("gradient_as_bucket_view", True)

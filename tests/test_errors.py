@@ -9,12 +9,12 @@ import time
 import pytest
 import torch
 import torch.distributed as dist
-from lab.zoo.toys import SometimesUsed
 from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import bf16_compress_hook
 
 import gradsync
 from gradsync.testing import spawn, spawn_failures
+from lab.zoo.toys import SometimesUsed
 
 
 def _mismatch(rank: int, world_size: int) -> None:

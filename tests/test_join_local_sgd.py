@@ -9,12 +9,12 @@ import os
 import pytest
 import torch
 from ddp_cases import BATCH, batch
-from lab.zoo.toys import build
 from torch import nn
 
 import gradsync
 from gradsync.comm import PostLocalSGD
 from gradsync.testing import spawn
+from lab.zoo.toys import build
 
 STEPS = {0: 3, 1: 5}
 

@@ -6,12 +6,12 @@ from __future__ import annotations
 import pytest
 import torch
 from ddp_cases import BATCH, batch
-from lab.zoo.toys import build
 from torch import nn
 
 import gradsync
 from gradsync.optim import OverlappedOptimizer
 from gradsync.testing import spawn
+from lab.zoo.toys import build
 
 KINDS = {"adam": (torch.optim.Adam, {"lr": 1e-2}), "sgd": (torch.optim.SGD, {"lr": 0.1, "momentum": 0.9})}
 

@@ -8,11 +8,11 @@ import time
 
 import pytest
 import torch
-from lab.zoo.toys import build
 from torch import nn
 
 import gradsync
 from gradsync.testing import SpawnError, spawn, spawn_failures
+from lab.zoo.toys import build
 
 
 def _skip_one_backward(rank: int, world_size: int) -> None:

@@ -13,13 +13,13 @@ import warnings
 import pytest
 import torch
 from ddp_cases import BATCH, batch
-from lab.zoo.toys import IN, OUT, build
 from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 
 import gradsync
 from gradsync.comm import QuantizedState, quantized_hook
 from gradsync.testing import spawn
+from lab.zoo.toys import IN, OUT, build
 
 GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0
 needs_gpu = pytest.mark.skipif(GPUS < 1, reason="needs a CUDA GPU (run bash tests/gpu/run.sh on one)")
