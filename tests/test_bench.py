@@ -70,3 +70,27 @@ def test_gradsync_bench_points_to_the_source_checkout(capsys: pytest.CaptureFixt
     assert cli.main(["bench", "--model", "mlp"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "python -m bench" in err, err
+
+
+# Files that write JSON another process reads and merges (temporary, not results), with why they do not record
+# their own provenance: the parent that keeps the result records its command.
+INTERMEDIATE = {
+    "bench/scale/probe.py": "the link probe's timings, in a temporary file the scaling lab reads",
+    "bench/elastic/overhead_worker.py": "per-rank step times; it runs on another checkout with --source",
+    "conformance/torch_suite/run_one.py": "one test's outcome, merged into torch_suite.json",
+    "conformance/sweep/child.py": "one case's outcome, merged into sweep.json",
+    "conformance/sweep/zygote.py": "one case's outcome, merged into sweep.json",
+    "conformance/sweep/cases/launcher.py": "a case's input file",
+}
+
+
+def test_every_result_file_goes_through_the_one_writer() -> None:
+    """lab.results.write_json records the command line and commit; a lab writing JSON another way would not."""
+    writes = re.compile(r"json\.dump\(|write_text\(json\.dumps|_file\(json\.dumps")
+    found = sorted(
+        str(path.relative_to(ROOT))
+        for folder in ("bench", "conformance")
+        for path in (ROOT / folder).rglob("*.py")
+        if writes.search(path.read_text())
+    )
+    assert found == sorted(INTERMEDIATE), found
