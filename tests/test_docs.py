@@ -294,6 +294,9 @@ SETUP = {
 }
 # Run after an example: what it promises, checked.
 CHECK = {
+    # an elastic worker tells the job it is done (elastic.run and State.finish() do), or the others wait for it
+    "gradsync.elastic.Recovery": "state.finish()\n",
+    "gradsync.elastic.JobFinished": "job.finished()\n",
     "gradsync.comm.GradBucket": "ddp.register_comm_hook(None, sum_hook)\nloss_fn(ddp(x), y).backward()\n",
     "gradsync.observe.write_chrome_trace": 'assert read_steps("trace.json")[0]\n',
     "gradsync.checkpoint.atomic_torch_save": 'assert torch.load("state.pt") == {"step": 3}\n',

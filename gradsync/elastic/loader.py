@@ -25,10 +25,13 @@ class ElasticLoader:
 
         loader = ElasticLoader(dataset, batch_size=32, seed=0)
         state = gradsync.elastic.State(job, model=ddp, optimizer=opt, loader=loader)
+        state.begin()
         for x, y in loader:            # after a membership change, iteration resumes where the group was
-            opt.zero_grad()
-            loss_fn(ddp(x), y).backward()
-            state.step()               # commits this step's samples
+            with state.guard():
+                opt.zero_grad()
+                loss_fn(ddp(x), y).backward()
+                state.step()           # commits this step's samples
+        state.finish()
     """
 
     def __init__(
