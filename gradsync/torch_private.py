@@ -7,16 +7,23 @@ every record in the installed torch; importing this module warns once, naming th
 for each private name this torch lacks. An accessor whose name is gone degrades where gradsync has another way
 (the fallback each record names) and otherwise fails when it is called, with the same words.
 
-How the releases were checked: every x.0 release from 2.4.0 to 2.13.0. In 2.4.0 (a scratch virtual environment
-with the PyPI wheel) and 2.13.0 (the project's), :func:`check` was run and the accessors called on a one-process
-gloo group; for 2.5.0 to 2.12.0, whose wheels were downloaded but not installed, the Python sources and the
-``torch/_C`` stubs of each wheel were read for each name, as each record's ``how`` says. pyproject's floor,
-``torch>=2.4``, is the oldest release where every record here resolves. One name is spelled two ways in that
-range (dynamo's ``optimize_ddp`` mode reader moved in 2.7); :func:`optimize_ddp_mode` reads either. A torch newer
-than 2.13 is unchecked: :func:`check` (and tests/test_torch_private.py) says what it lacks.
+How the releases were checked: every x.0 release from 2.4.0 to 2.13.0. In 2.4.0 and 2.8.0 (scratch virtual
+environments with the PyPI wheels) and 2.13.0 (the project's), :func:`check` was run and the accessors called on a
+one-process gloo group (tests/test_torch_private.py); for the other releases, whose wheels were downloaded but not
+installed, the Python sources and the ``torch/_C`` stubs of each wheel were read for each name, as each record's
+``how`` says. Every private name resolves from 2.4.0 on; one is spelled two ways in that range (dynamo's
+``optimize_ddp`` mode reader moved in 2.7) and :func:`optimize_ddp_mode` reads either.
+
+pyproject's floor is ``torch>=2.8``, set by a behaviour, not a name (the last of :data:`PUBLIC_APIS`): from 2.8.0
+the autograd engine runs the post-accumulate-grad hook of a parameter reached only through an undefined gradient
+(an output the loss does not use), which is how gradsync's reducer counts such a parameter unused. In 2.4.0 and
+2.7.0 the hook never runs, and ``find_unused_parameters=True`` with an unused output fails with "received no
+gradient" (tests/test_torch_parity.py's unused_output and undefined_grads cases fail on 2.4.0 and pass on 2.8.0).
+A torch newer than 2.13 is unchecked: :func:`check` (and tests/test_torch_private.py) says what it lacks.
 
 :mod:`gradsync.ddp.compiled` stays the seam through which ``torch.compile`` splits graphs at bucket boundaries;
-its names are the records with ``seam="compile"``, and it checks them through :func:`missing`.
+its names are the records whose ``seam`` is ``"compile"`` (what the split needs) or ``"compile-notice"`` (what
+its warning about an unsplit graph reads), and it checks the first through :func:`missing`.
 """
 
 from __future__ import annotations
@@ -37,9 +44,9 @@ from torch import nn
 from gradsync.errors import GradsyncError
 
 CHECKED_VERSIONS = ("2.4.0", "2.5.0", "2.6.0", "2.7.0", "2.8.0", "2.9.0", "2.10.0", "2.11.0", "2.12.0", "2.13.0")
-FLOOR = "2.4"
-_RAN = "check() and the accessor run in 2.4.0 and 2.13.0"
-_READ = "read in the 2.5.0-2.12.0 wheels"
+FLOOR = "2.8"
+_RAN = "check() and the accessor run in 2.4.0, 2.8.0 and 2.13.0"
+_READ = "read in the 2.5.0-2.7.0 and 2.9.0-2.12.0 wheels"
 
 
 class TorchCompatError(GradsyncError):
@@ -105,6 +112,31 @@ def _bucket_methods_called() -> object:
     if unknown:
         raise AttributeError(f"torch's hooks call GradBucket.{sorted(unknown)}, which gradsync's GradBucket lacks")
     return called
+
+
+def _hooks_run_for_undefined_gradients() -> object:
+    """Whether the engine runs the post-accumulate-grad hook of a parameter whose only gradient is undefined (an
+    output the loss does not use, routed through a sink as gradsync's reducer routes outputs)."""
+
+    class Sink(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: Any, used: torch.Tensor, unused: torch.Tensor) -> Any:  # type: ignore[override]
+            ctx.set_materialize_grads(False)
+            return used.clone(), unused.clone()
+
+        @staticmethod
+        def backward(ctx: Any, *grads: torch.Tensor | None) -> Any:  # type: ignore[override]
+            return grads
+
+    used, unused = torch.zeros(1, requires_grad=True), torch.zeros(1, requires_grad=True)
+    ran: list[torch.Tensor] = []
+    unused.register_post_accumulate_grad_hook(ran.append)
+    with torch.enable_grad():
+        out, _ = Sink.apply(used * 1, unused * 1)
+        out.sum().backward()
+    if not ran:
+        raise RuntimeError("the engine skips the hooks of a parameter reached only through an undefined gradient")
+    return True
 
 
 def _backend_options_timeout() -> object:
@@ -337,7 +369,7 @@ class PublicApi:
     resolve: Callable[[], object] = field(repr=False, compare=False)
 
 
-_PUBLIC_HOW = f"resolved in 2.4.0 and 2.13.0; {_READ}"
+_PUBLIC_HOW = f"resolved in 2.4.0, 2.8.0 and 2.13.0; {_READ}"
 PUBLIC_APIS: tuple[PublicApi, ...] = (
     PublicApi(
         "torch.Tensor.register_post_accumulate_grad_hook",
@@ -401,6 +433,13 @@ PUBLIC_APIS: tuple[PublicApi, ...] = (
         "1.8",
         _PUBLIC_HOW + ": torch/_C/_distributed_c10d.pyi",
         _attr("torch.distributed.Work.get_future"),
+    ),
+    PublicApi(
+        "the autograd engine runs post-accumulate-grad hooks for a parameter reached only through an undefined "
+        "gradient (find_unused_parameters with an output the loss does not use)",
+        "2.8",
+        "run in 2.4.0 and 2.7.0 (the hook never runs) and in 2.8.0, 2.10.0 and 2.13.0 (it runs, with .grad None)",
+        _hooks_run_for_undefined_gradients,
     ),
 )
 

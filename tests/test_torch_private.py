@@ -100,12 +100,15 @@ def test_the_table_names_files_that_exist_and_every_checked_release() -> None:
             assert (ROOT / rel).exists(), f"{record.name}: {rel} moved; update gradsync/torch_private.py"
 
 
-def test_pyproject_floor_is_the_oldest_checked_release() -> None:
+def test_pyproject_floor_is_what_the_check_supports() -> None:
     pyproject = (ROOT / "pyproject.toml").read_text()
     floor = re.search(r'"torch>=([0-9.]+)"', pyproject)
     assert floor is not None
     assert floor.group(1) == torch_private.FLOOR
-    assert torch_private.CHECKED_VERSIONS[0] == f"{torch_private.FLOOR}.0"
+    release = lambda v: tuple(int(n) for n in v.split("."))  # noqa: E731
+    # The newest release any record needs, and no record unchecked at the floor.
+    assert torch_private.FLOOR == max((api.since for api in torch_private.PUBLIC_APIS), key=release)
+    assert f"{torch_private.FLOOR}.0" in torch_private.CHECKED_VERSIONS
     installed = ".".join(torch.__version__.split("+")[0].split(".")[:2]) + ".0"
     assert installed in torch_private.CHECKED_VERSIONS, f"torch {torch.__version__} is outside the checked range"
 
@@ -143,6 +146,10 @@ def test_futures_graph_task_and_backward_callback() -> None:
     x.register_hook(hook)
     (x * 2).sum().backward()
     assert isinstance(seen[0], int) and seen[0] >= 0 and seen[1:] == ["ended"]
+
+
+def test_the_engine_runs_hooks_for_undefined_gradients() -> None:
+    assert torch_private._hooks_run_for_undefined_gradients() is True
 
 
 def test_grad_version_counts_in_place_writes() -> None:
