@@ -7,15 +7,14 @@ A variant spec is ``kind[:key=value,...]``: ``local`` (no communication), ``torc
 last bucket is ready, i.e. no overlap with backward), ``accum`` (k: k micro-batches per step, k-1 under no_sync;
 times are per micro-batch), ``opt`` (adam; default SGD with momentum), ``zero`` (1: gradsync.ShardedOptimizer
 around it), ``overlap_opt`` (1: gradsync.optim.OverlappedOptimizer, stepping each bucket as it arrives),
-``debug`` (1: GRADSYNC_DEBUG desync checks), ``bb`` (0: forward_sync_buffers=False, torch or gradsync), ``tune``
-(0: torch's fixed default buckets, GRADSYNC_BUCKET_TUNING=0, when no cap is given), ``static`` (1:
+``debug`` (1: check_desync=True, GRADSYNC_DEBUG's checks), ``bb`` (0: forward_sync_buffers=False, torch or
+gradsync), ``tune`` (0: bucket_tuning=False, torch's fixed default buckets when no cap is given), ``static`` (1:
 static_graph=True, torch or gradsync).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import os
 import time
 from collections.abc import Callable
 
@@ -139,19 +138,16 @@ def build(
     elif kind == "torch":
         net = ddp = torch.nn.parallel.DistributedDataParallel(wrapped, bucket_cap_mb=cap, **buffer_kw)
     elif kind == "gradsync":
-        if opts.get("debug") == "1":
-            os.environ["GRADSYNC_DEBUG"] = "1"
-        os.environ["GRADSYNC_BUCKET_TUNING"] = opts.get("tune", "1")  # read at construction
         net = ddp = gradsync.DistributedDataParallel(
             wrapped,
             bucket_cap_mb=cap,
             gradient_as_bucket_view=opts.get("view") == "1",
+            bucket_tuning=opts.get("tune", "1") != "0",  # the constructor's switches: this variant's alone
+            check_desync=opts.get("debug") == "1",
             **buffer_kw,
         )
-        del os.environ["GRADSYNC_BUCKET_TUNING"]
     elif kind == "allreduce":
         net, ddp = module, None
-        os.environ.pop("GRADSYNC_DEBUG", None)  # read at construction: the other variants stay unchecked
     else:
         raise ValueError(f"unknown variant kind '{kind}' in '{spec}'")
     if kind == "gradsync" and opts.get("overlap_opt") == "1":
