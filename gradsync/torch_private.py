@@ -14,11 +14,13 @@ installed, the Python sources and the ``torch/_C`` stubs of each wheel were read
 ``how`` says. Every private name resolves from 2.4.0 on; one is spelled two ways in that range (dynamo's
 ``optimize_ddp`` mode reader moved in 2.7) and :func:`optimize_ddp_mode` reads either.
 
-pyproject's floor is ``torch>=2.8``, set by a behaviour, not a name (the last of :data:`PUBLIC_APIS`): from 2.8.0
+pyproject's floor is ``torch>=2.4``, the oldest release checked, as the project promises. One behaviour differs
+inside that range and gradsync covers both (the last of :data:`PUBLIC_APIS`, the one with a fallback): from 2.8.0
 the autograd engine runs the post-accumulate-grad hook of a parameter reached only through an undefined gradient
-(an output the loss does not use), which is how gradsync's reducer counts such a parameter unused. In 2.4.0 and
-2.7.0 the hook never runs, and ``find_unused_parameters=True`` with an unused output fails with "received no
-gradient" (tests/test_torch_parity.py's unused_output and undefined_grads cases fail on 2.4.0 and pass on 2.8.0).
+(an output the loss does not use), which is how gradsync's reducer counts such a parameter unused; in 2.4.0 to
+2.7.0 the hook never runs, so with ``find_unused_parameters=True`` the reducer marks the parameters still without
+a gradient at the end of the backward as its hooks would have (:func:`hooks_run_for_undefined_gradients`;
+tests/test_torch_parity.py's unused_output and undefined_grads cases, run in 2.4.0 and 2.13.0).
 A torch newer than 2.13 is unchecked: :func:`check` (and tests/test_torch_private.py) says what it lacks.
 
 :mod:`gradsync.ddp.compiled` stays the seam through which ``torch.compile`` splits graphs at bucket boundaries;
@@ -28,6 +30,7 @@ its warning about an unsplit graph reads), and it checks the first through :func
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.util
 import inspect
@@ -44,7 +47,7 @@ from torch import nn
 from gradsync.errors import GradsyncError
 
 CHECKED_VERSIONS = ("2.4.0", "2.5.0", "2.6.0", "2.7.0", "2.8.0", "2.9.0", "2.10.0", "2.11.0", "2.12.0", "2.13.0")
-FLOOR = "2.8"
+FLOOR = "2.4"
 _RAN = "check() and the accessor run in 2.4.0, 2.8.0 and 2.13.0"
 _READ = "read in the 2.5.0-2.7.0 and 2.9.0-2.12.0 wheels"
 
@@ -367,6 +370,7 @@ class PublicApi:
     since: str  # the release that introduced it, where that is below the floor it is only a lower bound
     how: str
     resolve: Callable[[], object] = field(repr=False, compare=False)
+    fallback: str = ""  # what gradsync does on a release without it; empty: the API sets the floor
 
 
 _PUBLIC_HOW = f"resolved in 2.4.0, 2.8.0 and 2.13.0; {_READ}"
@@ -440,6 +444,8 @@ PUBLIC_APIS: tuple[PublicApi, ...] = (
         "2.8",
         "run in 2.4.0 and 2.7.0 (the hook never runs) and in 2.8.0, 2.10.0 and 2.13.0 (it runs, with .grad None)",
         _hooks_run_for_undefined_gradients,
+        fallback="find_unused_parameters: the parameters still without a gradient at the end of the backward are "
+        "marked as their hooks would have been (gradsync/reducer/reducer.py, _end_of_backward)",
     ),
 )
 
@@ -469,8 +475,13 @@ def missing(seam: str = "") -> list[str]:
 
 def check() -> list[str]:
     """A sentence for each record, private or public, that the installed torch lacks, naming the name and the
-    installed version; empty when everything resolves."""
-    return [f"this torch ({torch.__version__}) lacks {name} ({type(exc).__name__}: {exc})" for name, exc in _gaps("*")]
+    installed version (and what gradsync does instead, where it has a fallback); empty when everything resolves."""
+    fallbacks = {api.name: api.fallback for api in PUBLIC_APIS if api.fallback}
+    return [
+        f"this torch ({torch.__version__}) lacks {name} ({type(exc).__name__}: {exc})"
+        + (f"; gradsync falls back: {fallbacks[name]}" if name in fallbacks else "")
+        for name, exc in _gaps("*")
+    ]
 
 
 def _warn_missing() -> None:
@@ -542,6 +553,17 @@ def queue_backward_callback(callback: Callable[[], None]) -> None:
     if engine is None:
         raise _needed("torch.autograd.Variable._execution_engine.queue_callback")
     engine.queue_callback(callback)
+
+
+@functools.cache
+def hooks_run_for_undefined_gradients() -> bool:
+    """Whether this torch runs a parameter's post-accumulate-grad hook when its only gradient is undefined (an
+    output the loss does not use): 2.8.0 and later do, 2.4.0 to 2.7.0 do not (one tiny backward, once)."""
+    try:
+        _hooks_run_for_undefined_gradients()
+    except RuntimeError:
+        return False
+    return True
 
 
 def privateuse1_backend_name() -> str:

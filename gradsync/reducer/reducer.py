@@ -329,10 +329,20 @@ class Reducer:
             task = ready.current_graph_task()
             queue = lambda: torch_private.queue_backward_callback(self._end_of_backward)  # noqa: E731
             self._on_ready = ready.requeue_on_new_graph_task(task, queue, self._on_ready)
+        elif self.mode is GraphMode.FIND_UNUSED and not torch_private.hooks_run_for_undefined_gradients():
+            self._ready_as_their_hooks_would_be(step)
         else:
             step.raise_not_ready(
                 messages.unused_hint(self.mode is GraphMode.FIND_UNUSED, self.mode is GraphMode.STATIC)
             )
+
+    def _ready_as_their_hooks_would_be(self, step: BackwardStep) -> None:
+        """torch before 2.8 skips the hook of a parameter reached only through an undefined gradient (an output the
+        loss does not use; 2.8 and later run it with ``.grad`` None). With find_unused_parameters, the parameters
+        still missing at the end of the outermost backward are those: handle each as its hook would have."""
+        with torch.no_grad():
+            for i in [i for i, arrived in enumerate(step.ready) if not arrived]:
+                self._on_ready(i)  # the last launch queues the finalizer, right behind this callback
 
     def _reduce_what_was_learned(self, step: BackwardStep) -> None:
         """static_graph's first backward ended: what fired is used, the rest is unused from now on (this rank's
