@@ -34,6 +34,7 @@ import functools
 import importlib
 import importlib.util
 import inspect
+import pkgutil
 import re
 import warnings
 from collections.abc import Callable, Sequence
@@ -71,21 +72,9 @@ class PrivateName:
 
 
 def _attr(dotted: str) -> Callable[[], object]:
-    """A resolver for ``module.attr.attr``: imports the longest importable module prefix, then getattr."""
-
-    def resolve() -> object:
-        parts = dotted.split(".")
-        for cut in range(len(parts), 0, -1):
-            try:
-                obj: Any = importlib.import_module(".".join(parts[:cut]))
-            except ImportError:
-                continue
-            for part in parts[cut:]:
-                obj = getattr(obj, part)
-            return obj
-        raise ImportError(dotted)
-
-    return resolve
+    """A resolver for ``module.attr.attr`` (the stdlib's ``pkgutil.resolve_name``: the longest importable module
+    prefix, then attributes)."""
+    return lambda: pkgutil.resolve_name(dotted)
 
 
 def _source_has(dotted: str, *needles: str) -> Callable[[], object]:

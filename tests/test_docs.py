@@ -11,8 +11,8 @@ network namespaces cannot be made, and it says why.
 from __future__ import annotations
 
 import doctest
-import importlib
 import inspect
+import pkgutil
 import re
 import subprocess
 import sys
@@ -86,16 +86,7 @@ def documented() -> list[Documented]:
 
 def resolve(name: str) -> Any:
     """The object a public dotted name means, imported as a user would (``gradsync.checkpoint.save``)."""
-    parts = name.split(".")
-    for cut in range(len(parts), 0, -1):
-        try:
-            obj: Any = importlib.import_module(".".join(parts[:cut]))
-        except ImportError:
-            continue
-        for part in parts[cut:]:
-            obj = getattr(obj, part)
-        return obj
-    raise ImportError(name)
+    return pkgutil.resolve_name(name)
 
 
 def public_names(module: ModuleType) -> list[str]:
@@ -473,9 +464,9 @@ def test_every_documented_class_and_function_has_an_example() -> None:
 # ------------------------------------------------------------------------------------------------ the site
 @pytest.mark.timeout(600)
 def test_the_site_builds_without_a_warning() -> None:
-    """README's command, as written: ``-W`` makes every warning an error and ``-E`` reads every page and docstring
-    anew (an incremental build would not repeat the warnings of pages it did not reread)."""
-    command = blocks("README.md", "bash", "Documentation")[0].code.strip()
+    """docs/index.md's command, as written: ``-W`` makes every warning an error and ``-E`` reads every page and
+    docstring anew (an incremental build would not repeat the warnings of pages it did not reread)."""
+    command = blocks("docs/index.md", "bash", "Building this site")[0].code.strip()
     assert command.startswith(".venv/bin/sphinx-build ") and " -W " in command and " -E " in command, command
     done = subprocess.run(command, shell=True, cwd=ROOT, capture_output=True, text=True, timeout=540)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
@@ -529,7 +520,7 @@ PAGE_BLOCKS = {
 RUN_ELSEWHERE: dict[str, str | tuple[str, ...]] = {
     "README.md:bash:0": "tests/test_docs.py::test_ci_runs_the_readmes_commands",  # and test_main_job's run of it
     "README.md:bash:1": "tests/test_docs.py::test_ci_runs_the_readmes_commands",  # CI runs the steps: .ci/run
-    "README.md:bash:2": "tests/test_docs.py::test_the_site_builds_without_a_warning",
+    "docs/index.md:bash:0": "tests/test_docs.py::test_the_site_builds_without_a_warning",
     "docs/compiled.md:python:0": "tests/test_compile.py::test_the_docs_example_runs_as_written",
     "docs/elastic.md:python:0": "tests/test_elastic.py::test_the_docs_elastic_examples_run_as_written",
     "docs/elastic.md:python:1": "tests/test_elastic.py::test_the_docs_elastic_examples_run_as_written",

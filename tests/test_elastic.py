@@ -401,49 +401,58 @@ def test_on_etcd_losing_two_members_stops_every_worker_with_the_store_named(tmp_
     assert took < 45, took
 
 
+def _train_script(out: Path) -> str:
+    """A train.py that runs the lab's elastic training script, writing its results to ``out``."""
+    return (
+        "import runpy, sys\n"
+        f"sys.argv = [{str(ROOT / 'tests' / 'scripts' / 'elastic_train.py')!r}, {str(out)!r}]\n"
+        "runpy.run_path(sys.argv[0], run_name='__main__')\n"
+    )
+
+
+def _run_on_every_host(lab, tmp_path: Path, out: Path, script_for, env_for) -> None:
+    """Run ``script_for(host)`` in bash on each namespace host (in its own folder, with a train.py and
+    ``env_for(host)`` added to a clean environment); each must succeed and every host end with the same model."""
+    import os
+    import subprocess
+
+    procs = []
+    for host in lab:
+        cwd = tmp_path / f"h{host.index}"
+        cwd.mkdir()
+        (cwd / "train.py").write_text(_train_script(out))
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("RANK", "WORLD_SIZE", "MASTER_"))}
+        env.update(GLOO_SOCKET_IFNAME=host.interface, EPOCHS="1", PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+        env.update(PATH=f"{Path(sys.executable).parent}:{env['PATH']}", **env_for(host))
+        command = host.command(["env", *[f"{k}={v}" for k, v in env.items()], "bash", "-c", script_for(host)])
+        procs.append(subprocess.Popen(command, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    logs = []
+    for p in procs:
+        try:
+            logs.append(p.communicate(timeout=180)[0])
+        except subprocess.TimeoutExpired:
+            p.kill()
+            logs.append(p.communicate()[0])
+    assert all(p.returncode == 0 for p in procs), "\n----\n".join(log[-2000:] for log in logs)
+    ended = finals(out)
+    assert len(ended) == HOSTS and len({f["checksum"] for f in ended}) == 1
+
+
 @needs_lab
 @pytest.mark.timeout(240)
 def test_the_docs_elastic_command_runs_on_three_hosts(tmp_path: Path) -> None:
     """docs/elastic.md's `gradsync run --elastic` command, as written, on three namespace hosts at 10.0.0.1-3, each
     with its own --local-addr (as the block's comment says); train.py is the lab's training script. Every host ends
     with the same model."""
-    import os
-    import subprocess
-
     from docs_blocks import block as page_block
 
     block = page_block("docs/elastic.md", "bash", "Surviving failures without a restart", 0, count=2)
     assert block.startswith("gradsync run --elastic --nnodes 3") and "--local-addr 10.0.0.1 train.py" in block
     out = tmp_path / "out"
     out.mkdir()
-    train = (
-        "import runpy, sys\n"
-        f"sys.argv = [{str(ROOT / 'tests' / 'scripts' / 'elastic_train.py')!r}, {str(out)!r}]\n"
-        "runpy.run_path(sys.argv[0], run_name='__main__')\n"
-    )
     with netlab.lab(hosts=HOSTS, rate="1gbit", prefix="gsdocel", subnet="10.0.0") as lab:
-        procs = []
-        for host in lab:
-            cwd = tmp_path / f"h{host.index}"
-            cwd.mkdir()
-            (cwd / "train.py").write_text(train)
-            env = {k: v for k, v in os.environ.items() if not k.startswith(("RANK", "WORLD_SIZE", "MASTER_"))}
-            env.update(GLOO_SOCKET_IFNAME=host.interface, EPOCHS="1", PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
-            env.update(PATH=f"{Path(sys.executable).parent}:{env['PATH']}")
-            script = block.replace("--local-addr 10.0.0.1 ", f"--local-addr {host.address} ")
-            command = host.command(["env", *[f"{k}={v}" for k, v in env.items()], "bash", "-c", script])
-            pipe = {"stdout": subprocess.PIPE, "stderr": subprocess.STDOUT, "text": True}
-            procs.append(subprocess.Popen(command, cwd=cwd, **pipe))
-        logs = []
-        for p in procs:
-            try:
-                logs.append(p.communicate(timeout=180)[0])
-            except subprocess.TimeoutExpired:
-                p.kill()
-                logs.append(p.communicate()[0])
-    assert all(p.returncode == 0 for p in procs), "\n----\n".join(log[-2000:] for log in logs)
-    ended = finals(out)
-    assert len(ended) == HOSTS and len({f["checksum"] for f in ended}) == 1
+        script = lambda host: block.replace("--local-addr 10.0.0.1 ", f"--local-addr {host.address} ")  # noqa: E731
+        _run_on_every_host(lab, tmp_path, out, script, lambda host: {})
 
 
 @needs_lab
@@ -453,41 +462,13 @@ def test_the_docs_etcd_block_runs_as_written(tmp_path: Path) -> None:
     """docs/elastic.md's etcd block, verbatim, on three namespace hosts at its addresses (10.0.0.1-3, inside the
     namespaces only), each with its NAME and IP; train.py is the lab's training script. Every host ends with the same
     model."""
-    import os
-    import subprocess
-
     from docs_blocks import block as page_block
 
     block = page_block("docs/elastic.md", "bash", "No single point of failure", count=1)
     assert block.startswith("etcd --name $NAME") and "gradsync run --elastic --store etcd://" in block
     out = tmp_path / "out"
     out.mkdir()
-    (tmp_path / "train.py").write_text(
-        "import runpy, sys\n"
-        f"sys.argv = [{str(ROOT / 'tests' / 'scripts' / 'elastic_train.py')!r}, {str(out)!r}]\n"
-        "runpy.run_path(sys.argv[0], run_name='__main__')\n"
-    )
     with netlab.lab(hosts=HOSTS, rate="1gbit", prefix="gsreadme", subnet="10.0.0") as lab:
-        procs = []
-        for host in lab:
-            cwd = tmp_path / f"h{host.index}"
-            cwd.mkdir()
-            (cwd / "train.py").write_text((tmp_path / "train.py").read_text())
-            env = {k: v for k, v in os.environ.items() if not k.startswith(("RANK", "WORLD_SIZE", "MASTER_"))}
-            env.update(NAME=f"h{host.index}", IP=host.address, GLOO_SOCKET_IFNAME=host.interface, EPOCHS="1")
-            env.update(PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", PATH=f"{Path(sys.executable).parent}:{env['PATH']}")
-            # The block leaves etcd running in the background, as on a host; the lab stops it with the namespace.
-            script = block + "\nstatus=$?; kill %1; exit $status\n"
-            command = host.command(["env", *[f"{k}={v}" for k, v in env.items()], "bash", "-c", script])
-            pipe = {"stdout": subprocess.PIPE, "stderr": subprocess.STDOUT, "text": True}
-            procs.append(subprocess.Popen(command, cwd=cwd, **pipe))
-        logs = []
-        for p in procs:
-            try:
-                logs.append(p.communicate(timeout=180)[0])
-            except subprocess.TimeoutExpired:
-                p.kill()
-                logs.append(p.communicate()[0])
-    assert all(p.returncode == 0 for p in procs), "\n----\n".join(log[-2000:] for log in logs)
-    ended = finals(out)
-    assert len(ended) == HOSTS and len({f["checksum"] for f in ended}) == 1
+        # The block leaves etcd running in the background, as on a host; the lab stops it with the namespace.
+        script = lambda host: block + "\nstatus=$?; kill %1; exit $status\n"  # noqa: E731
+        _run_on_every_host(lab, tmp_path, out, script, lambda host: {"NAME": f"h{host.index}", "IP": host.address})
