@@ -420,9 +420,45 @@ def _run_example(example: Example, tmp_path: Path, monkeypatch: pytest.MonkeyPat
     )
 
 
-@pytest.mark.timeout(300)
+def _launched_script(example: Example) -> tuple[str, str]:
+    """(the script a launched example runs as, its launcher mode): the preamble, what it assumes, its setup, the
+    example as written, and its check."""
+    base = example.id.split("[")[0]
+    mode, assumed = LAUNCHED[base]
+    assert example.kind == "code", f"{example.id}: a launched example is a block of code, not >>> lines"
+    return PREAMBLE + assumed + SETUP.get(base, "") + example.code + CHECK.get(base, ""), mode
+
+
+@pytest.fixture(scope="module")
+def launched_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, BaseException | None]:
+    """Every launched example's outcome (None: it passed), run two at a time: each is mostly a launcher and its
+    workers starting Python and torch, so two share the machine's 2 cores well and the suite stays within its time."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    chosen = [e for e in examples() if e.id.split("[")[0] in LAUNCHED]
+
+    def outcome(example: Example) -> BaseException | None:
+        cwd = tmp_path_factory.mktemp(re.sub(r"\W+", "_", example.id))
+        try:
+            _run_launched(*_launched_script(example), cwd)
+        except BaseException as exc:  # reported by the example's own test
+            return exc
+        return None
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        return dict(zip((e.id for e in chosen), pool.map(outcome, chosen)))
+
+
+@pytest.mark.timeout(600)
 @pytest.mark.parametrize("example", examples(), ids=lambda e: e.id)
-def test_every_docstring_example_runs_as_written(example: Example, tmp_path: Path, monkeypatch) -> None:
+def test_every_docstring_example_runs_as_written(
+    example: Example, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, launched_runs: dict
+) -> None:
+    if example.id.split("[")[0] in LAUNCHED:
+        failure = launched_runs[example.id]
+        if failure is not None:
+            raise failure
+        return
     _run_example(example, tmp_path, monkeypatch)
 
 
@@ -528,7 +564,7 @@ RUN_ELSEWHERE: dict[str, str | tuple[str, ...]] = {
     "docs/elastic.md:bash:1": "tests/test_elastic.py::test_the_docs_etcd_block_runs_as_written",
     "docs/hooks.md:python:0": "tests/test_docs.py::test_the_hooks_pages_alternatives_run_as_written",
     "docs/hooks.md:python:1": "tests/test_streaming_diloco.py::test_the_docs_local_method_lines_run_as_written",
-    "docs/integrations.md:python:2": "tests/test_integrations.py::test_the_docs_ray_block_runs_as_written",
+    "docs/integrations.md:python:2": "tests/test_integrations.py::test_ray_runs_the_docs_block_and_matches_rays_ddp",
     "docs/launching.md:bash:0": (
         "tests/test_docs.py::test_the_launching_commands_run_as_written",
         "tests/test_docs.py::test_the_launching_commands_for_two_hosts_run_as_written",

@@ -1,7 +1,9 @@
 """gradsync under Ray Train's TorchTrainer (2 CPU workers on a local Ray cluster) against Ray's own prepare_model,
-which wraps the model in torch's DDP: each run writes every worker's final parameters into argv[1]."""
+which wraps the model in torch's DDP: each run writes every worker's final parameters into argv[1]. With argv[2],
+that script (the docs' Ray block) runs first, as written, on the same local cluster."""
 
 import json
+import runpy
 import sys
 
 import ray
@@ -40,6 +42,9 @@ def loop(config):
 
 
 ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+if len(sys.argv) > 2:
+    runpy.run_path(sys.argv[2], run_name="__main__")
+    open(f"{OUT}/docs-block-ran", "w").close()
 for wrapper in ("gradsync", "torch"):
     scaling = ScalingConfig(num_workers=2, use_gpu=False)
     TorchTrainer(loop, train_loop_config={"wrapper": wrapper}, scaling_config=scaling).fit()
