@@ -44,8 +44,10 @@ class BucketCaps:
         chosen: Asked = list(cap_list) if cap_list else cap_mb
         limits = size_limits(chosen)
         # torch (_BucketCapacityConfig.create): the list's largest cap, else the cap, else 25 MiB.
-        torch_cap = buckets.DEFAULT_BUCKET_CAP_MB if cap_mb is None or isinstance(cap_mb, str) else float(cap_mb)
-        torch_cap = max(cap_list) if cap_list else torch_cap
+        if cap_list:
+            torch_cap = float(max(cap_list))
+        else:
+            torch_cap = buckets.DEFAULT_BUCKET_CAP_MB if cap_mb is None or isinstance(cap_mb, str) else float(cap_mb)
         return cls(
             asked=(cap_mb, tuple(cap_list) if cap_list else None),
             limits=tuple(limits),

@@ -89,7 +89,7 @@ class Reducer:
         self._unused: Sequence[int] = ()
         self._forward_thread = threading.get_ident()
         self.iteration = 0  # synced backward passes completed (a joined rank's shadows included)
-        self._on_ready: ready.ReadyFunction = ready.accumulate_locally
+        self._on_ready: ready.ReadyFunction
         self._follow(None)
         self._handles = [p.register_post_accumulate_grad_hook(self._make_hook(i)) for i, p in enumerate(self.params)]
 

@@ -98,11 +98,6 @@ class BackwardStep:
 
     # ------------------------------------------------------------------------------------------ its phase
     @property
-    def started(self) -> bool:
-        """Whether a gradient of this step's backward has arrived."""
-        return self.phase is not Phase.ARMED
-
-    @property
     def finished(self) -> bool:
         return self.phase is Phase.FINISHED
 
@@ -209,9 +204,9 @@ class BackwardStep:
         self.phase = Phase.FINISHED
         if not self.all_launched:
             self.raise_not_ready(messages.unused_hint(False))
+        bounded = self._reduction.needs_deadline
         for k, future in enumerate(self.futures):
             describe = lambda k=k: f"all-reduce of {self.describe_bucket(k)}"  # noqa: E731 (built only on failure)
-            bounded = self._reduction.needs_deadline
             result: Any = self.ctx.comm.wait(future, Op.BUCKET_ALLREDUCE, k, describe, bounded=bounded)
             if isinstance(result, list):  # the built-in all-reduce's future holds [tensor]
                 result = result[0]
