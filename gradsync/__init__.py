@@ -1,13 +1,13 @@
 """gradsync: data-parallel training for PyTorch, in readable Python. A drop-in for torch's DDP."""
 
-from gradsync import elastic  # README's gradsync.elastic.init(...) after a plain `import gradsync`
+# gradsync.checkpoint.save(...) and gradsync.elastic.init(...) after a plain `import gradsync`
+from gradsync import checkpoint, elastic
 from gradsync.data import DistributedLoader, DistributedSampler
 from gradsync.ddp import DistributedDataParallel
 from gradsync.errors import GradsyncError
 from gradsync.nn import SyncBatchNorm
 from gradsync.optim import ShardedOptimizer, ZeroRedundancyOptimizer
 from gradsync.reducer.grad_bucket import GradBucket
-from gradsync.runtime import checkpoint
 from gradsync.runtime.env import DistInfo, init, shutdown
 
 __version__ = "0.1.0"

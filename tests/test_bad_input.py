@@ -16,8 +16,8 @@ import torch
 from torch import nn
 
 import gradsync
+from gradsync import checkpoint
 from gradsync.errors import CheckpointError, CollectiveError, ConfigError, DesyncError, ModelMismatchError
-from gradsync.runtime import checkpoint
 from gradsync.runtime.env import discover
 from gradsync.testing import spawn, spawn_failures
 

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 import gradsync
-from gradsync.runtime import checkpoint
+from gradsync import checkpoint
 from gradsync.testing import spawn
 
 SCRIPTS = Path(__file__).parent / "scripts"

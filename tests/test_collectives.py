@@ -14,8 +14,8 @@ from torch import nn
 from torch.distributed.algorithms.join import Join
 
 import gradsync
+from gradsync import checkpoint
 from gradsync.observe import Monitor
-from gradsync.runtime import checkpoint
 from gradsync.testing import spawn
 from lab.zoo.toys import build
 

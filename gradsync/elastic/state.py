@@ -29,11 +29,11 @@ from typing import Any, TypeVar
 import torch
 import torch.distributed as dist
 
+from gradsync.checkpoint import rng_state, set_rng_state
 from gradsync.collectives.communicator import Communicator, Op
 from gradsync.elastic.loader import ElasticLoader
 from gradsync.elastic.membership import JobFinished, Membership, MembershipChanged
 from gradsync.errors import CollectiveError, ConfigError, GradsyncError
-from gradsync.runtime.checkpoint import rng_state, set_rng_state
 
 log = logging.getLogger("gradsync")
 T = TypeVar("T")

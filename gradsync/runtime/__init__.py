@@ -1,4 +1,6 @@
-"""Process-level concerns: environment discovery and group initialisation, the launcher, checkpoints."""
+"""A process's own concerns: finding rank, world and backend and initialising the group (env.py), and a worker's side
+of the launcher's watchdog (progress.py). The launchers live in gradsync/launch/, checkpoints in
+gradsync/checkpoint.py."""
 
 from gradsync.runtime.env import DistInfo, discover, init, shutdown
 

@@ -4,7 +4,7 @@ import sys
 
 import torch
 
-from gradsync.runtime.checkpoint import atomic_torch_save
+from gradsync.checkpoint import atomic_torch_save
 
 i = 0
 while True:

@@ -157,7 +157,7 @@ def _():
 
 SAVE_FOREVER = """
 import sys, torch
-from gradsync.runtime.checkpoint import atomic_torch_save
+from gradsync.checkpoint import atomic_torch_save
 i = 0
 while True:
     atomic_torch_save({"i": i, "w": torch.full((5_000_000,), float(i))}, sys.argv[1])
@@ -321,7 +321,7 @@ def _():
 
 
 def _save_on_rank0_only(rank: int, world: int, path: str) -> str:
-    from gradsync.runtime import checkpoint as ckpt
+    from gradsync import checkpoint as ckpt
 
     ckpt.ARRIVAL_SECONDS = 3.0  # the real wait is 60 s
     ddp = gradsync.DistributedDataParallel(seeded(Shallow)[0])
