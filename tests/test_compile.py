@@ -110,7 +110,7 @@ def _train(rank: int, impl: str, order: str, mode: str, backend: str, fullgraph:
             (run(x).pow(2).mean() / micro).backward()
         opt.step()
         if impl == "gradsync":
-            compiled_frames.append(ddp._graph_split.frames_split)
+            compiled_frames.append(ddp._forward_steps.graph_split.frames_split)
     if impl == "gradsync" and order != "eager":
         # Dynamo converted frames at the first step only: no recompile at the rebuild, under no_sync, or later.
         assert compiled_frames[0] > 0 and len(set(compiled_frames)) == 1, compiled_frames

@@ -17,7 +17,8 @@ import torch.distributed as dist
 from gradsync.elastic import keys
 from gradsync.elastic.etcd_store import EtcdStore, EtcdUnavailable, parse_endpoints
 from gradsync.elastic.job_store import StoreHealth, gone_now
-from gradsync.elastic.membership import Membership, Timeouts
+from gradsync.elastic.membership import Membership
+from gradsync.elastic.timeouts import Timeouts
 from gradsync.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -4,7 +4,8 @@ torch's default hooks (all-reduce, fp16/bf16 compression and their wrappers, :mo
 (Vogels et al., NeurIPS 2019) are torch's own implementations, re-exported: they run unchanged on gradsync's DDP and
 give torch's DDP's results exactly (tests/test_comm_hooks.py), so gradsync does not write them again. What is
 gradsync's own is what torch lacks: the 8/4-bit hook with error feedback, local SGD methods (PostLocalSGD, DiLoCo,
-Streaming DiLoCo), and averaging parameters through the model's communicator.
+Streaming DiLoCo), their outer exchange (:mod:`.outer_exchange`), averaging parameters through the model's
+communicator, and a hook's state carried across an elastic regroup (:mod:`.regroup`).
 """
 
 from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import PowerSGDState, powerSGD_hook

@@ -1,15 +1,15 @@
-"""DistributedDataParallel: construction, forward, no_sync, join and comm hooks around gradsync's own reducer.
+"""DistributedDataParallel: construction and the public surface around gradsync's own reducer.
 
 A drop-in for ``torch.nn.parallel.DistributedDataParallel``: same class name, argument names and meanings, so a
 training script changes one import. The gradient averaging itself lives in :mod:`gradsync.reducer`; every
-collective goes through the model's :class:`~gradsync.collectives.Communicator`.
+collective goes through the model's :class:`~gradsync.collectives.Communicator`. What runs around the module's call
+at each forward is :mod:`gradsync.ddp.forward_steps`'s, and both sides of ``join()`` are
+:mod:`gradsync.ddp.join_protocol`'s: the model builds them with its reducer and calls them.
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -19,8 +19,7 @@ from torch import nn
 from torch.distributed.algorithms.join import Join, Joinable, JoinHook
 
 from gradsync import torch_private
-from gradsync.collectives.communicator import Communicator, Op
-from gradsync.collectives.tensors import broadcast_tensors
+from gradsync.collectives.communicator import Communicator
 from gradsync.comm import regroup
 from gradsync.ddp import compiled
 from gradsync.ddp.arguments import (
@@ -34,14 +33,14 @@ from gradsync.ddp.arguments import (
     warn_deprecated,
 )
 from gradsync.ddp.buffers import BufferSync
-from gradsync.ddp.join import NamedJoin
+from gradsync.ddp.forward_collectives import ForwardCollectives
+from gradsync.ddp.forward_steps import ForwardSteps, ModuleCall
+from gradsync.ddp.join_protocol import JoinProtocol
 from gradsync.ddp.replicas import broadcast_initial_state, verify_same_model
-from gradsync.ddp.tree import iter_tensors, replace_tensors, to_device
 from gradsync.errors import ConfigError
 from gradsync.observe.recorder import Recorder
 from gradsync.reducer.reducer import Reducer
 from gradsync.reducer.reduction import CommHook
-from gradsync.runtime import progress
 
 
 class DistributedDataParallel(nn.Module, Joinable):
@@ -129,7 +128,6 @@ class DistributedDataParallel(nn.Module, Joinable):
         self.bucket_bytes_cap = self._config.caps.bytes_cap  # torch's attributes
         self.bucket_bytes_cap_list = list(self._config.caps.bytes_cap_list)
         self.bucket_bytes_cap_default = self._config.caps.is_default
-        self._join_divides_by_initial_world_size = True
         self._hook: tuple[Any, CommHook] | None = None  # (state, hook) as registered: carried across a regroup
         self._build_runtime()
         verify_same_model(self._comm, module, self._config.ignored, self._collective_settings())
@@ -149,18 +147,16 @@ class DistributedDataParallel(nn.Module, Joinable):
         }
 
     def _build_runtime(self) -> None:
-        """What cannot be pickled, built at construction and again when unpickled: the communicator, the buffer
-        sync, and the reducer with its hooks (no collective is issued here)."""
+        """What cannot be pickled, built at construction and again when unpickled: the communicator, the reducer
+        with its hooks, and the forward's steps and join protocol around them (no collective is issued here)."""
         config = self._config
         named = config.trainable(self.module)
         self._params = [p for _, p in named]
         device = self._params[0].device if self._params else None
         self._comm = Communicator(self._process_group, check_desync=config.check_desync, device=device)
-        self._buffer_sync = BufferSync(self.module, self._comm, config.ignored)
-        self._recorder = Recorder()
-        self._progress = progress.progress_reporter() or _no_progress  # gradsync run --watchdog
+        buffer_sync = BufferSync(self.module, self._comm, config.ignored)
         trainable = {id(p) for p in self._params}
-        self._frozen = [
+        frozen = [
             (n, p) for n, p in self.module.named_parameters() if id(p) not in trainable and n not in config.ignored
         ]
         self.reducer = Reducer(
@@ -174,9 +170,9 @@ class DistributedDataParallel(nn.Module, Joinable):
             skip_unused=config.skip_unused,
         )
         self._comm_hook_registered = False
-        self._recorder_attached = False
-        self._graph_split = compiled.GraphSplit(self.reducer.steady_bucket_cap)
-        self._unsplit_checked = False
+        collectives = ForwardCollectives(self._comm, buffer_sync, self.reducer)
+        self._join_protocol = JoinProtocol(self, self._comm, collectives, self.reducer, self.module, config.ignored)
+        self._forward_steps = ForwardSteps(collectives, self._join_protocol, self.reducer, self._params, frozen)
 
     def rebuild_for_new_group(self) -> None:
         """After the default process group was replaced (gradsync.elastic forms one per membership round): a new
@@ -186,7 +182,7 @@ class DistributedDataParallel(nn.Module, Joinable):
         old group dropped: :mod:`gradsync.comm.regroup`), and an attached Monitor keeps recording."""
         if self._process_group is not None:
             raise ConfigError("rebuild_for_new_group works with the default process group (process_group=None)")
-        hook, recorder = self._hook, self._recorder if self._recorder_attached else None
+        hook, recorder = self._hook, self._forward_steps.attached_recorder()
         self.reducer.close()
         self._build_runtime()
         verify_same_model(self._comm, self.module, self._config.ignored, self._collective_settings())
@@ -217,7 +213,7 @@ class DistributedDataParallel(nn.Module, Joinable):
                 "torch): the copy rebuilds itself on the default group. Wrap with process_group=None."
             )
         state = dict(self.__dict__)
-        for name in ("reducer", "_comm", "_buffer_sync", "_recorder", "_params", "_progress", "_graph_split", "_hook"):
+        for name in ("reducer", "_comm", "_params", "_forward_steps", "_join_protocol", "_hook"):
             state.pop(name, None)
         return state
 
@@ -273,85 +269,22 @@ class DistributedDataParallel(nn.Module, Joinable):
             raise
         return self._after_module(output, call)
 
-    def _check_still_frozen(self) -> None:
-        """A parameter frozen at construction has no hook and no bucket: unfrozen later, its gradients would stay
-        local and the replicas drift apart silently (torch's DDP does exactly that)."""
-        for name, p in self._frozen:
-            if p.requires_grad:
-                raise ConfigError(
-                    f"parameter '{name}' did not require grad when DistributedDataParallel was constructed and "
-                    "now does: its gradients would never be averaged. Unfreeze before wrapping (wrap again after "
-                    "changing requires_grad), or freeze it again."
-                )
+    @compiled.outside_compiled_graph
+    def _before_module(self, inputs: tuple, kwargs: dict[str, Any]) -> ModuleCall:
+        synced = torch.is_grad_enabled() and self.require_backward_grad_sync
+        buffers = (self.forward_sync_buffers, self.require_forward_param_sync)
+        return self._forward_steps.before(inputs, kwargs, synced, buffers, self.device_ids)
 
     @compiled.outside_compiled_graph
-    def _before_module(self, inputs: tuple, kwargs: dict[str, Any]) -> _ModuleCall:
-        call = _ModuleCall(inputs, kwargs, torch.is_grad_enabled() and self.require_backward_grad_sync)
-        call.profiled.__enter__()
-        try:
-            broadcast = self._buffer_sync.due(self.forward_sync_buffers, self.require_forward_param_sync)
-            if call.synced:
-                self._recorder.forward_start()
-                self._progress()
-                self._check_still_frozen()
-            call.scale = self._notify_join(call.synced, broadcast)
-            self._collectives_before_forward(call.synced, broadcast)
-            if self.device_ids is not None:
-                device = torch.device(self._params[0].device.type, self.device_ids[0])
-                call.inputs, call.kwargs = to_device((inputs, kwargs), device)
-        except BaseException:
-            call.profiled.__exit__(None, None, None)
-            raise
-        call.frames_split = self._graph_split.frames_split
-        call.outer_split = compiled.engage(self._graph_split)
-        return call
-
-    def _warn_if_compiled_unsplit(self, outputs: list[torch.Tensor]) -> None:
-        """At the first synced forward: a compiled graph that dynamo did not split cannot overlap (say so, once)."""
-        if self._unsplit_checked:
-            return
-        self._unsplit_checked = True
-        if self._graph_split.frames_split == 0 and compiled.made_by_compiled_graph(outputs):
-            warnings.warn(compiled.unsplit_graph_warning(), RuntimeWarning, stacklevel=4)
-
-    @compiled.outside_compiled_graph
-    def _abandon_module_call(self, call: _ModuleCall) -> None:
+    def _abandon_module_call(self, call: ModuleCall) -> None:
         """The module raised: undo what :meth:`_before_module` set up."""
-        self._end_module_call(call)
-
-    def _end_module_call(self, call: _ModuleCall) -> None:
-        compiled.release(call.outer_split)
-        call.profiled.__exit__(None, None, None)
+        self._forward_steps.end_call(call)
 
     @compiled.outside_compiled_graph
-    def _after_module(self, output: Any, call: _ModuleCall) -> Any:
-        self._end_module_call(call)
-        if self._graph_split.frames_split != call.frames_split:
-            self.reducer.compiled_in_pieces()
+    def _after_module(self, output: Any, call: ModuleCall) -> Any:
+        self._forward_steps.end_call(call)
         self.require_forward_param_sync = call.synced
-        if call.synced:
-            self._recorder.forward_end()
-            outputs = list(iter_tensors(output))
-            self._warn_if_compiled_unsplit(outputs)
-            route = self.reducer.prepare_for_backward(outputs, call.scale)
-            if route is not None:  # the outputs' sink (find_unused_parameters, static_graph's first iteration)
-                output = replace_tensors(output, route)
-        elif torch.is_grad_enabled():
-            self.reducer.skip_next_backward()
-        return output
-
-    def _collectives_before_forward(self, synced: bool, broadcast: bool) -> None:
-        """A forward's collectives, in order; a joined rank's shadow runs this same method."""
-        if synced:
-            self._comm.begin_step()
-        # Buffers first: a rank that runs an extra no_sync forward (data-dependent accumulation) broadcasts at that
-        # forward instead, and its sequence stays the same as the others' (broadcast, then the rebuild's
-        # collectives) instead of pairing a broadcast with a rebuild collective, which makes gloo abort.
-        if broadcast:
-            self._buffer_sync.broadcast()
-        if synced:
-            # Before the forward, when memory is lowest and all ranks are at the same point (torch does the same).
-            self.reducer.before_synced_forward()
+        return self._forward_steps.after(output, call)
 
     # ------------------------------------------------------------------------------------------- sync control
     @contextlib.contextmanager
@@ -387,13 +320,10 @@ class DistributedDataParallel(nn.Module, Joinable):
         ...     for x, y in my_uneven_shard:
         ...         opt.zero_grad(); loss_fn(ddp(x), y).backward(); opt.step()  # doctest: +SKIP
         """
-        return NamedJoin(
-            [self], enable, throw_on_early_termination, divide_by_initial_world_size=divide_by_initial_world_size
-        )
+        return self._join_protocol.context(enable, throw_on_early_termination, divide_by_initial_world_size)
 
     def join_hook(self, **kwargs: Any) -> JoinHook:
-        self._join_divides_by_initial_world_size = kwargs.get("divide_by_initial_world_size", True)
-        return _DDPJoinHook(self)
+        return self._join_protocol.hook(**kwargs)
 
     @property
     def join_device(self) -> torch.device:
@@ -403,40 +333,15 @@ class DistributedDataParallel(nn.Module, Joinable):
     def join_process_group(self) -> dist.ProcessGroup:
         return self.process_group
 
-    def _notify_join(self, synced: bool, broadcast: bool) -> float:
-        """Inside ``join()``: tell the joined ranks this one still trains (their loop waits on torch's Join
-        all-reduce) and which collectives this forward issues, so they shadow exactly those. Returns what the
-        averages must be multiplied by (divide_by_initial_world_size=False: world size / ranks still training)."""
-        work = Join.notify_join_context(self)
-        if work is None:
-            return 1.0
-        flags = torch.tensor([int(synced), int(broadcast)], device=self.join_device)
-        self._comm.all_reduce(Op.JOIN_FLAGS, flags, reduce_op=dist.ReduceOp.MAX)
-        if not synced or self._join_divides_by_initial_world_size:
-            return 1.0
-        work.wait()
-        active = work.result()[0].item()
-        return self._comm.size / active
-
     def shadow_forward_and_backward(self) -> None:
         """A joined rank, while others still train: the collectives of their forward and, if it synchronises,
         of their backward, with zeros for gradients. The same methods a training rank runs, so the sequences match
         by construction (GRADSYNC_DEBUG fingerprints included)."""
-        flags = torch.zeros(2, dtype=torch.int64, device=self.join_device)
-        self._comm.all_reduce(Op.JOIN_FLAGS, flags, reduce_op=dist.ReduceOp.MAX)
-        synced, broadcast = (bool(v) for v in flags.tolist())
-        self._collectives_before_forward(synced, broadcast)
-        if synced:
-            self.reducer.shadow_backward()
+        self._join_protocol.shadow_forward_and_backward()
 
     def sync_final_model(self, is_last_joiner: bool) -> None:
         """After everyone joined: the last joiner trained longest, so its model becomes everyone's."""
-        candidate = torch.tensor([self._comm.rank if is_last_joiner else -1], device=self.join_device)
-        self._comm.all_reduce(Op.LAST_JOINER, candidate, reduce_op=dist.ReduceOp.MAX)
-        ignored = self._config.ignored
-        state = [p.detach() for n, p in self.module.named_parameters() if n not in ignored]
-        state += [b for n, b in self.module.named_buffers() if n not in ignored]
-        broadcast_tensors(self._comm, Op.FINAL_MODEL, state, src=int(candidate.item()))
+        self._join_protocol.sync_final_model(is_last_joiner)
 
     # ------------------------------------------------------------------------------------------ extensions
     def register_comm_hook(self, state: object, hook: CommHook) -> None:
@@ -456,11 +361,11 @@ class DistributedDataParallel(nn.Module, Joinable):
 
     def attach_recorder(self, recorder: Recorder) -> None:
         """Report this model's step events to ``recorder`` (what :class:`gradsync.observe.Monitor` does)."""
-        self._recorder, self._recorder_attached = recorder, True
+        self._forward_steps.attach_recorder(recorder)
         self.reducer.attach_recorder(recorder)
 
     def detach_recorder(self) -> None:
-        self._recorder, self._recorder_attached = Recorder(), False
+        self._forward_steps.detach_recorder()
         self.reducer.detach_recorder()
 
     # ---------------------------------------------------------------------------------------------- state
@@ -471,36 +376,3 @@ class DistributedDataParallel(nn.Module, Joinable):
     def load_module_state_dict(self, state_dict: Mapping[str, Any], strict: bool = True) -> Any:
         """Load an unprefixed state dict (from a plain model or :meth:`module_state_dict`) into the wrapped model."""
         return self.module.load_state_dict(state_dict, strict=strict)
-
-
-class _DDPJoinHook(JoinHook):
-    """What a joined rank does for gradsync's DDP (torch's Join calls it): shadow each step, then adopt the final
-    model. The logic lives next to what it shadows, in DistributedDataParallel and the reducer."""
-
-    def __init__(self, ddp: DistributedDataParallel) -> None:
-        self.ddp = ddp
-
-    def main_hook(self) -> None:
-        self.ddp.shadow_forward_and_backward()
-
-    def post_hook(self, is_last_joiner: bool) -> None:
-        self.ddp.sync_final_model(is_last_joiner)
-
-
-@dataclasses.dataclass
-class _ModuleCall:
-    """One forward's state between the eager steps around the module's (possibly compiled) call."""
-
-    inputs: tuple
-    kwargs: dict[str, Any]
-    synced: bool  # this forward's backward averages gradients
-    scale: float = 1.0
-    frames_split: int = 0  # GraphSplit.frames_split before the call: more after it means dynamo compiled here
-    outer_split: object = None
-    profiled: Any = dataclasses.field(
-        default_factory=lambda: torch.autograd.profiler.record_function("DistributedDataParallel.forward")
-    )
-
-
-def _no_progress() -> None:
-    """No watchdog watches this run."""

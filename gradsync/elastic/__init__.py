@@ -25,6 +25,12 @@ Example::
 
 The store lives in the launcher of the node serving the rendezvous; if that node is lost, the job cannot coordinate
 and ends (restart it from a checkpoint, e.g. ``gradsync run --max-restarts``). See docs/elastic.md.
+
+The folder: ``state.py`` (``State``, ``run``: commit, recover), ``loader.py`` (every sample once), ``membership.py``
+(a worker's view of the job), ``rounds.py`` (a round's members agreed through the store), ``round_group.py`` (the
+round's process group), ``liveness.py`` (heartbeats, launcher exit reports), ``admission.py`` (a joiner admitted at
+an announced step), ``timeouts.py``, ``errors.py``, ``job_status.py`` (the job as its launchers read it),
+``keys.py`` (the store's keys), ``job_store.py`` and ``etcd_store.py`` (which store, and etcd's).
 """
 
 from __future__ import annotations
@@ -34,9 +40,11 @@ import logging
 import os
 
 from gradsync import torch_private
+from gradsync.elastic.errors import JobFinished, MembershipChanged
 from gradsync.elastic.loader import ElasticLoader
-from gradsync.elastic.membership import JobFinished, Membership, MembershipChanged, Timeouts
+from gradsync.elastic.membership import Membership
 from gradsync.elastic.state import MAX_FUTILE_RECOVERIES, REJOIN_VARIABLE, Recovery, State, run
+from gradsync.elastic.timeouts import Timeouts
 from gradsync.errors import GradsyncError
 
 __all__ = [

@@ -31,8 +31,9 @@ import torch.distributed as dist
 
 from gradsync.checkpoint import rng_state, set_rng_state
 from gradsync.collectives.communicator import Communicator, Op
+from gradsync.elastic.errors import JobFinished, MembershipChanged
 from gradsync.elastic.loader import ElasticLoader
-from gradsync.elastic.membership import JobFinished, Membership, MembershipChanged
+from gradsync.elastic.membership import Membership
 from gradsync.errors import CollectiveError, ConfigError, GradsyncError
 
 log = logging.getLogger("gradsync")

@@ -31,7 +31,7 @@ import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std, start_processes
 
 from gradsync.elastic import job_store
-from gradsync.elastic.membership import (
+from gradsync.elastic.job_status import (
     STORE_VARIABLE,
     WORKER_VARIABLE,
     everyone_finished,

@@ -1,4 +1,5 @@
-"""Layers that know they are distributed (named as in ``torch.nn``)."""
+"""Layers that know they are distributed (named as in ``torch.nn``): ``SyncBatchNorm``, batch statistics over every
+rank's batch."""
 
 from gradsync.nn.sync_batchnorm import SyncBatchNorm
 

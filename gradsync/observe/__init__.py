@@ -1,4 +1,6 @@
-"""Where the time goes: step breakdown, bucket timeline (Chrome trace), straggler view, report."""
+"""Where the time goes: the ``Monitor`` and the step recorder it attaches to a model, each step split into forward,
+backward compute and exposed communication, the slowest rank, the bucket timeline as a Chrome trace, the table and
+report of ``gradsync report``, and the clock that times work on its device."""
 
 from gradsync.observe.breakdown import StepBreakdown, arrivals, median_breakdown, slowest_rank
 from gradsync.observe.monitor import Monitor

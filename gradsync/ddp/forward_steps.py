@@ -1,0 +1,152 @@
+"""A forward's protocol: what runs eagerly before and after DistributedDataParallel calls the wrapped module.
+
+Before: the step's events (recorder, watchdog, the frozen-parameter check), the Join notification, the forward's
+collectives (:class:`~gradsync.ddp.forward_collectives.ForwardCollectives`), the inputs moved to ``device_ids``, and
+dynamo's graph split engaged (:mod:`gradsync.ddp.compiled`). After: the split released, and for a synced forward the
+reducer prepared for the backward (:meth:`Reducer.prepare_for_backward`), whose outputs' sink may replace the
+outputs. The model calls these from frames dynamo does not trace, so under ``torch.compile(ddp)`` only the module's
+call is compiled.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from gradsync.ddp import compiled
+from gradsync.ddp.forward_collectives import ForwardCollectives
+from gradsync.ddp.join_protocol import JoinProtocol
+from gradsync.ddp.tree import iter_tensors, replace_tensors, to_device
+from gradsync.errors import ConfigError
+from gradsync.observe.recorder import Recorder
+from gradsync.reducer.reducer import Reducer
+from gradsync.runtime import progress
+
+
+@dataclasses.dataclass
+class ModuleCall:
+    """One forward's state between the eager steps around the module's (possibly compiled) call."""
+
+    inputs: tuple
+    kwargs: dict[str, Any]
+    synced: bool  # this forward's backward averages gradients
+    scale: float = 1.0
+    frames_split: int = 0  # GraphSplit.frames_split before the call: more after it means dynamo compiled here
+    outer_split: object = None
+    profiled: Any = dataclasses.field(
+        default_factory=lambda: torch.autograd.profiler.record_function("DistributedDataParallel.forward")
+    )
+
+
+class ForwardSteps:
+    """The eager steps around each forward's call of the module, built with the model's reducer (again at a
+    regroup and when unpickled). ``params`` are the trainable parameters (the first one's device type is where
+    ``device_ids`` moves the inputs); ``frozen`` those that did not require grad at construction."""
+
+    def __init__(
+        self,
+        collectives: ForwardCollectives,
+        join: JoinProtocol,
+        reducer: Reducer,
+        params: Sequence[nn.Parameter],
+        frozen: Sequence[tuple[str, nn.Parameter]],
+    ) -> None:
+        self._collectives = collectives
+        self._join = join
+        self._reducer = reducer
+        self._params = params
+        self._frozen = frozen
+        self._recorder = Recorder()
+        self._recorder_attached = False
+        self._progress = progress.progress_reporter() or _no_progress  # gradsync run --watchdog
+        self.graph_split = compiled.GraphSplit(reducer.steady_bucket_cap)
+        self._unsplit_checked = False
+
+    def attach_recorder(self, recorder: Recorder) -> None:
+        """Report each synced forward's start and end to ``recorder``."""
+        self._recorder, self._recorder_attached = recorder, True
+
+    def detach_recorder(self) -> None:
+        self._recorder, self._recorder_attached = Recorder(), False
+
+    def attached_recorder(self) -> Recorder | None:
+        return self._recorder if self._recorder_attached else None
+
+    def before(
+        self,
+        inputs: tuple,
+        kwargs: dict[str, Any],
+        synced: bool,
+        buffers: tuple[bool, bool],  # forward_sync_buffers, and whether the previous forward was a synced one
+        device_ids: list[int] | None,
+    ) -> ModuleCall:
+        """Everything before the module's call; its collectives are the same on every rank."""
+        call = ModuleCall(inputs, kwargs, synced)
+        call.profiled.__enter__()
+        try:
+            broadcast = self._collectives.broadcast_due(*buffers)
+            if call.synced:
+                self._recorder.forward_start()
+                self._progress()
+                self._check_still_frozen()
+            call.scale = self._join.notify(call.synced, broadcast)
+            self._collectives.issue(call.synced, broadcast)
+            if device_ids is not None:
+                device = torch.device(self._params[0].device.type, device_ids[0])
+                call.inputs, call.kwargs = to_device((inputs, kwargs), device)
+        except BaseException:
+            call.profiled.__exit__(None, None, None)
+            raise
+        call.frames_split = self.graph_split.frames_split
+        call.outer_split = compiled.engage(self.graph_split)
+        return call
+
+    def _check_still_frozen(self) -> None:
+        """A parameter frozen at construction has no hook and no bucket: unfrozen later, its gradients would stay
+        local and the replicas drift apart silently (torch's DDP does exactly that)."""
+        for name, p in self._frozen:
+            if p.requires_grad:
+                raise ConfigError(
+                    f"parameter '{name}' did not require grad when DistributedDataParallel was constructed and "
+                    "now does: its gradients would never be averaged. Unfreeze before wrapping (wrap again after "
+                    "changing requires_grad), or freeze it again."
+                )
+
+    def end_call(self, call: ModuleCall) -> None:
+        """The module's call is over (returned or raised): undo what :meth:`before` set up around it."""
+        compiled.release(call.outer_split)
+        call.profiled.__exit__(None, None, None)
+
+    def after(self, output: Any, call: ModuleCall) -> Any:
+        """After the module returned: a synced forward prepares the reducer's backward; returns the outputs (routed
+        through the reducer's sink where this step needs it)."""
+        if self.graph_split.frames_split != call.frames_split:
+            self._reducer.compiled_in_pieces()
+        if call.synced:
+            self._recorder.forward_end()
+            outputs = list(iter_tensors(output))
+            self._warn_if_compiled_unsplit(outputs)
+            route = self._reducer.prepare_for_backward(outputs, call.scale)
+            if route is not None:  # the outputs' sink (find_unused_parameters, static_graph's first iteration)
+                output = replace_tensors(output, route)
+        elif torch.is_grad_enabled():
+            self._reducer.skip_next_backward()
+        return output
+
+    def _warn_if_compiled_unsplit(self, outputs: list[torch.Tensor]) -> None:
+        """At the first synced forward: a compiled graph that dynamo did not split cannot overlap (say so, once)."""
+        if self._unsplit_checked:
+            return
+        self._unsplit_checked = True
+        if self.graph_split.frames_split == 0 and compiled.made_by_compiled_graph(outputs):
+            # The frame it names is DistributedDataParallel.forward's, as when this ran inside the module's class.
+            warnings.warn(compiled.unsplit_graph_warning(), RuntimeWarning, stacklevel=5)
+
+
+def _no_progress() -> None:
+    """No watchdog watches this run."""

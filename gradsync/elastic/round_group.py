@@ -1,0 +1,63 @@
+"""A round's process group: a fresh default group on a store prefix of the round's own (``round<k>/group/``), with
+no process restart; and a lost member posted into it as that rank's failure report, so the survivors whose
+collective failed do not wait for the report a dead rank never posts."""
+
+from __future__ import annotations
+
+import datetime
+
+import torch.distributed as dist
+
+from gradsync import torch_private
+from gradsync.collectives.peer_errors import post_gone
+from gradsync.elastic import keys
+from gradsync.elastic.errors import MembershipChanged
+from gradsync.elastic.rounds import Round
+from gradsync.elastic.timeouts import Timeouts
+
+
+class RoundGroup:
+    """The current round's process group, formed over the job's ``store`` with the ``timeouts``' collective one
+    (a collective with a stopped member fails after it)."""
+
+    def __init__(self, store: dist.Store, timeouts: Timeouts) -> None:
+        self._store = store
+        self._timeouts = timeouts
+        self._group_store: tuple[Round, dist.Store] | None = None  # the current round's group store, as torch has it
+
+    def form(self, round_: Round) -> None:
+        """A fresh default process group for ``round_`` (the previous one, if any, is destroyed first)."""
+        if dist.is_initialized():
+            try:
+                dist.destroy_process_group()
+            except Exception:  # a group with dead members may not close cleanly; it is dropped either way
+                pass
+        prefix = dist.PrefixStore(keys.group_prefix(round_.number), self._store)
+        try:
+            dist.init_process_group(
+                "gloo",
+                store=prefix,
+                rank=round_.rank,
+                world_size=round_.world_size,
+                timeout=datetime.timedelta(seconds=self._timeouts.collective),  # a stopped member is found within
+            )
+        except dist.DistError as exc:  # a member died while the group formed: the next round goes without it
+            # The default group's store keys carry a per-process counter of groups made, which
+            # destroy_process_group resets to 0 "to allow consistent value ... after some trainers recover from
+            # failure" (torch/distributed/distributed_c10d.py). A failed init bumps it with no group to destroy:
+            # reset it too, or this worker's keys never match the others' again.
+            torch_private.reset_group_count()
+            raise MembershipChanged(f"forming round {round_.number}'s group failed: {exc}") from exc
+        self._group_store = (round_, torch_private.default_store())
+
+    def tell_members(self, member: int, why: str) -> None:
+        """From the heartbeat thread: a member of this round is gone. Post it as that rank's report in the round's
+        group, where a member whose collective just failed waits a moment for the peers' reports: a dead rank never
+        posts one, and the survivors would wait for it (2 s) on every SIGKILL."""
+        known = self._group_store
+        if known is None or member not in known[0].members:
+            return
+        round_, store = known
+        rank = round_.members.index(member)
+        post_gone(store, rank, f"worker {member} (rank {rank} of round {round_.number}) {why}")
+        self._store.set(keys.lost(member), why)  # for the leader of the next round

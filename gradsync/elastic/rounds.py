@@ -1,0 +1,161 @@
+"""Rounds: how the members of each round are agreed on through the job's store.
+
+Each worker gets a sequence number when it first arrives; the members of a round, in sequence order, are its
+ranks, so survivors keep their relative order and newcomers come last. A round: every live worker registers (with
+the steps it committed); the first to claim the round's leadership (``compare_set``) waits until every live member
+registered (a live one may first have to time out of a collective), then writes the round's member list, the
+member with the most committed steps first; everyone reads it. A round whose leader dies before naming the members
+is skipped. A joiner registers for the round after the latest formed, until one lists it.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+
+import torch.distributed as dist
+
+from gradsync.elastic import keys
+from gradsync.elastic.errors import JobFinished, MembershipChanged
+from gradsync.elastic.job_status import job_done, job_running
+from gradsync.elastic.liveness import HEARTBEAT_S, Liveness
+from gradsync.elastic.timeouts import Timeouts
+from gradsync.errors import GradsyncError
+from gradsync.polling import wait_until
+
+SETTLE_S = 1.0
+SUSPECT_S = 4 * HEARTBEAT_S  # a member silent this long while a round is decided is not waited for
+
+
+@dataclass(frozen=True)
+class Round:
+    number: int
+    members: list[int]  # sequence numbers, in rank order
+    me: int
+
+    @property
+    def rank(self) -> int:
+        return self.members.index(self.me)
+
+    @property
+    def world_size(self) -> int:
+        return len(self.members)
+
+
+class Rounds:
+    """The agreement on each round's members, for worker ``me``; each method returns a round's number and members
+    (the caller enters the round)."""
+
+    def __init__(self, store: dist.Store, me: int, liveness: Liveness, timeouts: Timeouts) -> None:
+        self._store = store
+        self._me = me
+        self._liveness = liveness
+        self._timeouts = timeouts
+        self._tried = 0  # the last round number this worker registered for
+
+    def first(self, expected: int, seconds: float) -> list[int]:
+        """Round 1's members: the first worker to arrive waits for ``expected`` in all (at most ``seconds``). A
+        worker that took a number and died before registering (its heartbeat never moves) is left out."""
+        self._store.set(keys.registered(1, self._me), "0")
+        if self._me == 1:
+            wait_until(lambda: self._arrived() >= expected, seconds)
+            numbers = range(1, self._arrived() + 1)
+            registered = lambda s: self._registered(1, s)  # noqa: E731
+            wait_until(lambda: all(registered(s) or not self._liveness.alive(s) for s in numbers), seconds)
+            self._store.set(keys.members(1), json.dumps([s for s in numbers if registered(s)]))
+            self._store.set(keys.requests(1), "0")
+            self._store.set(keys.CURRENT_ROUND, "1")
+        return self._wait_for(keys.members(1), seconds + SETTLE_S + self._timeouts.heartbeat)
+
+    def agree(self, current: Round, steps: int) -> tuple[int, list[int]]:
+        """The round after ``current``: this member registers with the ``steps`` it committed, decides the members
+        if it is the first to claim the round, and reads them (which may leave it out)."""
+        # A round whose leader died before naming the members is skipped: everyone tries the next number.
+        number = max(current.number, self._tried) + 1
+        self._tried = number
+        self._store.set(keys.registered(number, self._me), str(steps))
+        if self._store.compare_set(keys.leader(number), "", str(self._me)).decode() == str(self._me):
+            self._decide(number, current.members)
+        return number, self._wait_for(keys.members(number), 2 * (SETTLE_S + self._timeouts.collective))
+
+    def join(self) -> tuple[int, list[int]]:
+        """A joiner registers for the round after the latest formed, and tries the next one if that round formed
+        without it (it registered too late); the members admit it at a step boundary."""
+        seconds = self._timeouts.admission
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            if job_done(self._store):
+                raise JobFinished("the job finished before this worker could join")
+            number = self._current_round() + 1
+            self._store.set(keys.registered(number, self._me), "0")
+            members = self._wait_for(keys.members(number), max(1.0, deadline - time.monotonic()), give_up=keys.DONE)
+            if self._me in members:
+                return number, members
+            self._store.delete_key(keys.joined(self._me))  # marked expired by that round: still joining
+        raise GradsyncError(
+            f"worker {self._me} was not admitted within {seconds:.0f}s (GRADSYNC_ELASTIC_ADMISSION_TIMEOUT): the "
+            "members reached no step boundary meanwhile, or kept forming rounds without it"
+        )
+
+    def pending_joiners(self) -> list[int]:
+        count = self._arrived()
+        check = self._store.check
+        return [s for s in range(1, count + 1) if check([keys.joiner(s)]) and not check([keys.joined(s)])]
+
+    def _decide(self, number: int, current: list[int]) -> None:
+        requests = int(self._store.add(keys.JOIN_REQUESTS, 0))  # before the joiners are listed: none is missed
+        joiners = self.pending_joiners()
+        # Members keep their order and joiners come last, so rank 0 (whose state everyone receives) is a member that
+        # lived through the change: a worker that was cut off and asks to join again keeps its old, low number.
+        wanted = current + sorted(set(joiners) - set(current))
+        registered = lambda m: self._registered(number, m)  # noqa: E731
+        # Known gone: its launcher saw it exit, or the member watching it saw its heartbeat stop.
+        gone = {m for m in wanted if self._store.check([keys.exited(m)]) or self._store.check([keys.lost(m)])}
+        alive = lambda m: m not in gone and self._liveness.alive(m)  # noqa: E731
+        # A live member may be inside a collective that fails only at the group's timeout: wait for it that long.
+        # Not for one whose heartbeat stood still for SUSPECT_S while the others registered: a round is being
+        # decided because something failed, and a live member's heartbeat thread beats even inside a collective.
+        # So a host lost whole (no launcher left to report the exit) costs a second, not the heartbeat timeout. A
+        # live member wrongly left out joins again in-process.
+        awaited = lambda m: alive(m) and self._liveness.still_for(m) < SUSPECT_S  # noqa: E731
+        live_registered = lambda: all(registered(m) for m in wanted if awaited(m))  # noqa: E731
+        wait_until(live_registered, SETTLE_S + self._timeouts.collective, pause=0.005, max_pause=0.02)
+        # Registered and still alive: a worker killed after registering (its launcher reported it) is left out.
+        members = [m for m in wanted if registered(m) and alive(m)]
+        for vanished in set(joiners) - set(members):  # asked to join, then vanished: stop waiting for it
+            self._store.set(keys.joined(vanished), "expired")
+        self._store.set(keys.members(number), json.dumps(self._most_committed_first(number, members, current)))
+        self._store.set(keys.requests(number), str(requests))
+        self._store.set(keys.CURRENT_ROUND, str(number))
+
+    def _most_committed_first(self, number: int, members: list[int], current: list[int]) -> list[int]:
+        """``members`` with rank 0 a member that committed the most steps. A step commits on each member when its
+        all-reduce completes there; a member lost inside that all-reduce can leave some members with the step
+        committed and some without. Every member takes rank 0's state, so with this rank 0 a step committed
+        anywhere is committed everywhere (its gradients were every member's: the all-reduce completed somewhere)."""
+        steps = {m: int(self._store.get(keys.registered(number, m))) for m in members if m in current}
+        if not steps:
+            return members
+        most = max(steps.values())
+        first = next(m for m in members if steps.get(m) == most)
+        return [first] + [m for m in members if m != first]
+
+    def _registered(self, number: int, member: int) -> bool:
+        return self._store.check([keys.registered(number, member)])
+
+    def _arrived(self) -> int:
+        return int(self._store.add(keys.SEQUENCE, 0))
+
+    def _current_round(self) -> int:
+        return int(self._store.get(keys.CURRENT_ROUND)) if job_running(self._store) else 0
+
+    def _wait_for(self, key: str, seconds: float, give_up: str | None = None) -> list[int]:
+        def listed() -> bool:
+            if give_up and self._store.check([give_up]):  # e.g. "done": the members finished
+                raise JobFinished("the job finished before this worker could join")
+            return self._store.check([key])
+
+        if not wait_until(listed, seconds, max_pause=0.02):
+            raise MembershipChanged(f"no member list at {key} within {seconds:.0f}s: the round's leader died")
+        return json.loads(self._store.get(key))
