@@ -6,6 +6,7 @@
     python -m bench.converge            converge/: time to torch's loss for methods that send less
     python -m bench.elastic.recovery    elastic/: pauses after a lost worker or host (and elastic.overhead)
     python -m bench.memory              memory/: peak host memory against torch's
+    python -m bench.padding             padding/: the padding LengthGroupedSampler saves on real text
 
 The plumbing (netlab, etcd, the result writer, the models) is lab/'s; results go to bench/results/.
 """

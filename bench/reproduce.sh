@@ -48,6 +48,9 @@ python -m bench.sidebyside.repeat --runs 3 --models mlp,gpt --links 1gbit --out 
 python -m bench.memory --runs 3
 python -m bench.memory --runs 3 --mmap-threshold 65536 --out bench/results/memory-live.json
 
+# Batches of similar length (docs/checkpoints.md): the padding LengthGroupedSampler saves on real text.
+python -m bench.padding --batch-sizes 8,32 --worlds 2,8 --epochs 3
+
 # Sending less (docs/sending-less.md): time to torch's loss, communication-bound, balanced, compute-bound.
 python -m bench.converge --link 50mbit --budget 80 --runs 3 --methods torch,int8,diloco32,diloco128,streaming32-p4-d2-int4 --out bench/results/converge-lab
 python -m bench.converge --link 400mbit --budget 40 --runs 3 --methods torch,int8,diloco32,diloco128,streaming32-p4-d2-int4 --out bench/results/converge-lab

@@ -32,6 +32,30 @@ def epoch_order(n: int, shuffle: bool, seed: int, epoch: int) -> list[int]:
     return torch.randperm(n, generator=torch.Generator().manual_seed(seed + epoch)).tolist()
 
 
+def _require_plain_int(owner: str, name: str, value: object) -> None:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise ConfigError(f"{owner}: {name} must be an int, got {type(value).__name__} {value!r}")
+
+
+def replicas_and_rank(
+    owner: str, num_replicas: int | None, rank: int | None, group: dist.ProcessGroup | None = None
+) -> tuple[int, int]:
+    """A sampler's world and rank, as torch's DistributedSampler finds them: given, else the group's (the default
+    group's when ``group`` is None), else one process. ``owner`` names the sampler in the errors."""
+    grouped = dist.is_available() and dist.is_initialized()
+    if num_replicas is None:
+        num_replicas = dist.get_world_size(group) if grouped else 1
+    if rank is None:
+        rank = dist.get_rank(group) if grouped else 0
+    _require_plain_int(owner, "num_replicas", num_replicas)
+    _require_plain_int(owner, "rank", rank)
+    if num_replicas < 1:
+        raise ConfigError(f"{owner}: num_replicas must be >= 1, got {num_replicas}")
+    if not 0 <= rank < num_replicas:
+        raise ConfigError(f"{owner}: rank {rank} is outside [0, {num_replicas - 1}] (num_replicas)")
+    return num_replicas, rank
+
+
 def _check_dataset(dataset: object) -> None:
     """A dataset with a length (as torch's sampler needs); a string or a bare number is refused here, at
     construction, not at the first iteration."""
@@ -79,18 +103,9 @@ class DistributedSampler(Sampler[int]):
         seed: int = 0,
         drop_last: bool = False,
     ) -> None:
-        if num_replicas is None:
-            num_replicas = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
-        if rank is None:
-            rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
         _check_dataset(dataset)
-        for name, value in (("num_replicas", num_replicas), ("rank", rank), ("seed", seed)):
-            if not isinstance(value, int) or isinstance(value, bool):
-                raise ConfigError(f"DistributedSampler: {name} must be an int, got {type(value).__name__} {value!r}")
-        if num_replicas < 1:
-            raise ConfigError(f"DistributedSampler: num_replicas must be >= 1, got {num_replicas}")
-        if not 0 <= rank < num_replicas:
-            raise ConfigError(f"DistributedSampler: rank {rank} is outside [0, {num_replicas - 1}] (num_replicas)")
+        num_replicas, rank = replicas_and_rank("DistributedSampler", num_replicas, rank)
+        _require_plain_int("DistributedSampler", "seed", seed)
         self.dataset = dataset
         self.num_replicas = num_replicas
         self.rank = rank
