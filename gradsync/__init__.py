@@ -2,7 +2,7 @@
 
 # gradsync.checkpoint.save(...) and gradsync.elastic.init(...) after a plain `import gradsync`
 from gradsync import checkpoint, elastic
-from gradsync.data import DistributedLoader, DistributedSampler
+from gradsync.data import DistributedLoader, DistributedSampler, LengthGroupedSampler
 from gradsync.ddp import DistributedDataParallel
 from gradsync.errors import GradsyncError
 from gradsync.nn import SyncBatchNorm
@@ -19,6 +19,7 @@ __all__ = [
     "DistributedSampler",
     "GradBucket",
     "GradsyncError",
+    "LengthGroupedSampler",
     "ShardedOptimizer",
     "SyncBatchNorm",
     "ZeroRedundancyOptimizer",

@@ -3,6 +3,10 @@
 Host i is namespace ``{prefix}-h{i}`` at 10.77.0.{i+1}/24 on interface ``eth0``; a switch namespace holds the
 bridge. Every link is shaped in both directions (tbf at ``rate``, optional netem ``delay``). Everything is removed
 on exit, also after a failure, and stale namespaces of the same prefix are removed first. Needs root.
+
+What the kernel must offer (namespaces and veth pairs, tc's tbf, netem for a delay) is probed once per process by
+gradsync's own probe (gradsync/doctor/kernel.py, the one ``gradsync doctor`` reports): :func:`available` says which
+feature a lab with these links lacks, and :func:`lab` refuses, naming it, before it makes anything.
 """
 
 from __future__ import annotations
@@ -14,6 +18,8 @@ import subprocess
 import sys
 import threading
 from collections.abc import Iterator
+
+from gradsync.doctor import kernel
 
 SUBNET = "10.77.0"
 
@@ -34,16 +40,19 @@ def _sh(*argv: str, check: bool = True) -> subprocess.CompletedProcess:
     return subprocess.run(list(argv), check=check, capture_output=True, text=True)
 
 
-def available() -> str | None:
-    """None if namespaces can be made here, else the reason."""
-    probe = "gsprobe-ns"
-    made = _sh("ip", "netns", "add", probe, check=False)
-    if made.returncode != 0:
-        return f"cannot create network namespaces ({made.stderr.strip() or 'ip netns add failed'}); run as root"
-    _sh("ip", "netns", "del", probe, check=False)
-    if _sh("tc", "-V", check=False).returncode != 0:
-        return "tc (iproute2) is not installed"
-    return None
+class LabUnavailable(RuntimeError):
+    """This kernel lacks a feature the lab was asked for; the message names it (``netem``, ``tbf``, ...)."""
+
+
+def needs(rate: bool = True, delay: bool = False) -> list[str]:
+    """The kernel features (gradsync.doctor.kernel.FEATURES) a lab with these links uses."""
+    return ["namespaces", *(["tbf"] if rate else []), *(["netem"] if delay else [])]
+
+
+def available(rate: bool = True, delay: bool = False) -> str | None:
+    """None if a lab can be made here with links shaped to a rate (``rate``) and delayed (``delay``), else why not,
+    naming the missing feature."""
+    return kernel.missing(needs(rate, delay))
 
 
 def _shape(namespace: str, dev: str, rate: str | None, delay: str | None) -> None:
@@ -51,9 +60,7 @@ def _shape(namespace: str, dev: str, rate: str | None, delay: str | None) -> Non
     qdisc = ["ip", "netns", "exec", namespace, "tc", "qdisc", "add", "dev", dev]
     parent = ["root", "handle", "1:"]
     if delay:
-        made = _sh(*qdisc, *parent, "netem", "delay", delay, "limit", "100000", check=False)
-        if made.returncode != 0:
-            raise RuntimeError(f"cannot add {delay} of delay: netem is not in this kernel ({made.stderr.strip()})")
+        _sh(*qdisc, *parent, "netem", "delay", delay, "limit", "100000")
         parent = ["parent", "1:1", "handle", "10:"]
     if rate:
         # burst: a few ms of traffic at this rate, else tbf caps throughput far below `rate`.
@@ -74,7 +81,13 @@ def lab(
 ) -> Iterator[list[Host]]:
     """Create ``hosts`` namespaces on one shaped bridge; yield them; remove everything afterwards (also when the
     process is stopped with SIGTERM, which would otherwise skip the cleanup). ``subnet``: the first three octets of
-    the hosts' addresses (inside the namespaces only: no route from this host's own network reaches them)."""
+    the hosts' addresses (inside the namespaces only: no route from this host's own network reaches them).
+
+    Raises :class:`LabUnavailable`, naming the feature, where this kernel cannot make these links (netem for a
+    ``delay``, tbf for a ``rate``), before anything is made."""
+    reason = available(rate=rate is not None, delay=delay is not None)
+    if reason is not None:
+        raise LabUnavailable(f"a lab with rate={rate!r}, delay={delay!r}: {reason}")
     remove(prefix)
     with _sigterm_exits():
         yield from _lab(hosts, rate, delay, prefix, subnet)

@@ -547,6 +547,11 @@ PAGE_BLOCKS = {
         "epoch, step = 1, 10\n",
         'assert (extras["epoch"], extras["step"]) == (1, 10)\n',
     ),
+    "docs/checkpoints.md:python:1": (
+        None,
+        "",
+        'assert extras["epoch"] == 1 and list(resumed) == sampler.batches()[10:]\n',
+    ),
     "docs/observe.md:python:0": (None, "", 'import os\nassert os.path.getsize("trace.json") > 0\n'),
     "docs/integrations.md:python:0": (("run", ""), "", _LIGHTNING_BUILT),
     "docs/integrations.md:python:1": (("run", _ACCELERATE), "", _IS_GRADSYNC_DDP),
@@ -565,6 +570,11 @@ RUN_ELSEWHERE: dict[str, str | tuple[str, ...]] = {
     "docs/hooks.md:python:0": "tests/test_docs.py::test_the_hooks_pages_alternatives_run_as_written",
     "docs/hooks.md:python:1": "tests/test_streaming_diloco.py::test_the_docs_local_method_lines_run_as_written",
     "docs/integrations.md:python:2": "tests/test_integrations.py::test_ray_runs_the_docs_block_and_matches_rays_ddp",
+    "docs/doctor.md:bash:0": (
+        "tests/test_doctor.py::test_the_docs_commands_run_as_written",
+        "tests/test_doctor.py::test_the_docs_commands_for_two_hosts_run_as_written",
+    ),
+    "docs/doctor.md:bash:1": "tests/test_doctor.py::test_the_docs_json_block_runs_as_written",
     "docs/launching.md:bash:0": (
         "tests/test_docs.py::test_the_launching_commands_run_as_written",
         "tests/test_docs.py::test_the_launching_commands_for_two_hosts_run_as_written",
@@ -691,15 +701,13 @@ def test_the_launching_commands_run_as_written(tmp_path: Path) -> None:
             assert f"rank {rank} of 2 done in attempt {attempt}" in done.stdout, done.stdout[-2000:]
 
 
+@pytest.mark.netlab()
 @pytest.mark.timeout(300)
 def test_the_launching_commands_for_two_hosts_run_as_written(tmp_path: Path) -> None:
     """docs/launching.md's host A and host B commands, as written, on two namespace hosts at their addresses
     (10.0.0.1 and .2, inside the namespaces only): the host whose --local-addr is the endpoint serves it."""
     from lab import netlab
 
-    reason = netlab.available()
-    if reason is not None:
-        pytest.skip(f"network namespaces unavailable: {reason}")
     (tmp_path / "train.py").write_text(_TRAIN)
     with netlab.lab(hosts=2, rate="1gbit", prefix="gsdocs", subnet="10.0.0") as hosts:
         procs = []

@@ -34,7 +34,7 @@ from lab.elastic import (  # noqa: E402
     unrecorded_shares,
 )
 
-needs_lab = pytest.mark.skipif(netlab.available() is not None, reason=f"network namespaces: {netlab.available()}")
+needs_lab = pytest.mark.netlab()  # the lab's hosts on 1gbit links: namespaces and tbf
 needs_etcd = pytest.mark.skipif(etcd_cluster.available() is not None, reason=str(etcd_cluster.available()))
 
 
@@ -292,7 +292,8 @@ def test_a_worker_that_dies_before_registering_leaves_no_one_waiting() -> None:
     import torch.distributed as dist
 
     from gradsync.elastic import keys
-    from gradsync.elastic.membership import Membership, Timeouts
+    from gradsync.elastic.membership import Membership
+    from gradsync.elastic.timeouts import Timeouts
 
     store = dist.HashStore()
     first = Membership(store, store, Timeouts(heartbeat=0.75, collective=0.75, admission=5))

@@ -109,7 +109,7 @@ def test_synthetic_model_is_averaged_exactly_on_four_ranks() -> None:
     assert spawn(_synthetic, world_size=4, timeout=80) == [True] * 4
 
 
-@pytest.mark.skipif(netlab.available() is not None, reason=f"network namespaces: {netlab.available()}")
+@pytest.mark.netlab()
 def test_lab_starts_and_cleans_up() -> None:
     with netlab.lab(hosts=3, rate="100mbit", prefix="gstest") as hosts:
         names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout

@@ -1,0 +1,117 @@
+"""Whether the job's store answers: the rendezvous endpoint (a TCP connect, or a bind where this node serves it),
+or each member of an etcd cluster (``--store etcd://``, through the job's own etcd client)."""
+
+from __future__ import annotations
+
+import socket
+import time
+
+from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
+
+from gradsync.doctor.job import Job
+from gradsync.doctor.network import interfaces, resolve
+from gradsync.doctor.result import Result
+from gradsync.elastic.etcd_store import EtcdClient, EtcdUnavailable, parse_endpoints
+from gradsync.errors import ConfigError
+
+CONNECT_S = 2.0  # one TCP connect or one etcd request
+_SERVED_BY_RUN = ("localhost", "127.0.0.1", "0.0.0.0")  # hosts whose port gradsync run binds itself (run.py)
+
+
+def check_rendezvous(job: Job) -> Result:
+    """The TCP store the job's nodes meet at: free to serve where this node serves it, answering where another
+    node does."""
+    name = "rendezvous store"
+    if job.store:
+        return Result(name, "skip", "the job's store is the etcd cluster (--store): see 'etcd store'")
+    if job.endpoint is None:
+        return Result(name, "ok", "one node: this node's launcher serves the store on a free port")
+    try:
+        host, port = parse_rendezvous_endpoint(job.endpoint, default_port=29400)
+    except ValueError as exc:
+        return Result(name, "fail", f"{job.endpoint}: {exc}", "give HOST:PORT, e.g. --rdzv-endpoint node0:29400")
+    addresses = resolve(host)
+    if not addresses:
+        why = "does not resolve" if addresses == [] else "took over 2 s to look up"
+        return Result(name, "fail", f"{host} {why}", "give the serving host's address, or a name every node resolves")
+    if host in (*_SERVED_BY_RUN, job.local_addr) or set(addresses) <= _local_addresses():
+        return _free_to_serve(host, port)
+    return _answers(host, port)
+
+
+def _local_addresses() -> set[str]:
+    return {a for i in interfaces() for a in i.addresses}
+
+
+def _free_to_serve(host: str, port: int) -> Result:
+    """This node serves the store: its port must be free (as gradsync run checks before it starts)."""
+    name = "rendezvous store"
+    if port == 0:
+        return Result(name, "ok", f"this node serves the store at {host} on a free port")
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(("", port))
+        except OSError as exc:
+            return Result(
+                name,
+                "fail",
+                f"this node serves the store at {host}:{port}, and port {port} cannot be bound: {exc.strerror}",
+                "another job may be using it: pick a free port with --master-port or --rdzv-endpoint HOST:PORT",
+            )
+    return Result(name, "ok", f"this node serves the store at {host}:{port} (the port is free)")
+
+
+def _answers(host: str, port: int) -> Result:
+    """Another node serves the store: it should accept a TCP connection (nothing is sent)."""
+    name = "rendezvous store"
+    began = time.monotonic()
+    try:
+        with socket.create_connection((host, port), timeout=CONNECT_S):
+            pass
+    except ConnectionRefusedError:
+        return Result(
+            name,
+            "warn",
+            f"{host}:{port} refused the connection: nothing serves the store there yet",
+            f"start the job on {host} first (its launcher serves the store), or check the port",
+        )
+    except OSError as exc:  # a timeout, or no route
+        why = f"no answer within {CONNECT_S:g}s" if isinstance(exc, TimeoutError) else exc.strerror or str(exc)
+        return Result(
+            name, "warn", f"{host}:{port}: {why}", f"check that {host} is up and that no firewall drops port {port}"
+        )
+    return Result(name, "ok", f"{host}:{port} answers ({(time.monotonic() - began) * 1e3:.0f} ms to connect)")
+
+
+def check_etcd(job: Job) -> Result:
+    """Each etcd member's status, through the job's own client; the job needs a majority with a leader."""
+    name = "etcd store"
+    if job.store is None:
+        return Result(name, "skip", "no --store: the rendezvous host's launcher serves the job's store")
+    try:
+        endpoints, _ = parse_endpoints(job.store)
+    except ConfigError as exc:
+        return Result(name, "fail", exc.message, "give the members as etcd://HOST:PORT,HOST:PORT,...")
+    answers = {endpoint: _member_status(endpoint) for endpoint in endpoints}
+    detail = "; ".join(f"{endpoint}: {what}" for endpoint, (_, what) in answers.items())
+    serving = sum(healthy for healthy, _ in answers.values())
+    if serving == len(endpoints):
+        return Result(name, "ok", detail)
+    fix = "start the members that do not answer, or check the addresses (etcdctl endpoint health on the hosts)"
+    if serving > len(endpoints) // 2:
+        return Result(name, "warn", f"{detail} (a majority serves: the job can run)", fix)
+    return Result(name, "fail", f"{detail} (no majority serves: the job cannot coordinate)", fix)
+
+
+def _member_status(endpoint: str) -> tuple[bool, str]:
+    """(whether the member serves with a leader, what it said): one request, tried once."""
+    client = EtcdClient([endpoint], request_s=CONNECT_S, unavailable_s=0.0)
+    try:
+        status = client.call("/v3/maintenance/status", {})
+    except EtcdUnavailable as exc:
+        return False, "refused the connection" if exc.all_refused else f"no answer within {CONNECT_S:g}s, or an error"
+    version = status.get("version", "?")
+    if str(status.get("leader", "0")) == "0":
+        return False, f"etcd {version}, without a leader (no quorum)"
+    return True, f"etcd {version}, leader {status['leader']}"
