@@ -24,25 +24,8 @@ from types import ModuleType
 from typing import Any
 
 import pytest
-from docs_blocks import ROOT, blocks, pages
+from docs_blocks import PUBLIC, ROOT, blocks, pages
 
-# The public packages and modules: the API pages document names through these paths only.
-PUBLIC = [
-    "gradsync",
-    "gradsync.comm",
-    "gradsync.optim",
-    "gradsync.data",
-    "gradsync.nn",
-    "gradsync.elastic",
-    "gradsync.observe",
-    "gradsync.checkpoint",
-    "gradsync.integrations",
-    "gradsync.integrations.lightning",
-    "gradsync.integrations.accelerate",
-    "gradsync.testing",
-    "gradsync.errors",
-    "gradsync.settings",
-]
 _DIRECTIVE = re.compile(r"^\.\. (auto\w+|py:\w+):: ([\w.]+)")
 _EXAMPLE = re.compile(r"^\s*Examples?( \(.*\))?::$")  # "Example::", "Example (a hook that sums)::"
 
