@@ -5,14 +5,22 @@ kernel that has every feature too."""
 
 from __future__ import annotations
 
+import importlib.util
 import subprocess
+from pathlib import Path
 from types import SimpleNamespace
 
-import conftest
 import pytest
 
 from gradsync.doctor import kernel
 from lab import netlab
+
+# tests/conftest.py by its path: a plain `import conftest` finds whichever conftest pytest loaded first (tests/gpu/ has
+# one too), so in the whole suite it is not always this folder's.
+_spec = importlib.util.spec_from_file_location("tests_conftest", Path(__file__).with_name("conftest.py"))
+assert _spec is not None and _spec.loader is not None
+conftest = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(conftest)
 
 NO_NETEM = {"namespaces": None, "tbf": None, "netem": "netem is not in this kernel (Error: unknown qdisc)"}
 

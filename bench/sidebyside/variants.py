@@ -213,7 +213,9 @@ def build(
         return decision.describe() if decision is not None else None
 
     def graph_split() -> int | None:
-        split = getattr(ddp, "_graph_split", None) if kind == "gradsync" else None
+        # where tests/test_compile.py reads it: the forward's steps own dynamo's split (gradsync/ddp/forward_steps.py)
+        steps = getattr(ddp, "_forward_steps", None) if kind == "gradsync" else None
+        split = getattr(steps, "graph_split", None)
         return split.frames_split if split is not None else None
 
     return Variant(spec, module, step, grad_bytes, wire_bytes, memory, optimizer_state, tuning, graph_split)
