@@ -65,7 +65,7 @@ def _ray_env() -> dict[str, str]:
 def test_ray_runs_the_docs_block_and_matches_rays_ddp(tmp_path: Path) -> None:
     """docs/integrations.md's Ray block (its third, after Lightning's and Accelerate's), as written, then gradsync
     under TorchTrainer against Ray's own prepare_model (torch's DDP): the same weights, bit for bit. One local Ray
-    cluster for both (starting one costs ~20 s)."""
+    cluster for both (starting one costs ~20 s), and one TorchTrainer run that trains both wrappers in turn."""
     pytest.importorskip("ray.train", reason="Ray Train (pip install -e '.[ray]') is not installed")
     import json
 
