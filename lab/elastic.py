@@ -32,9 +32,11 @@ def launch_on(host, first, out: Path, env_extra: dict[str, str], store: str | No
     env.update(GLOO_SOCKET_IFNAME=host.interface, GRADSYNC_HOST=f"h{host.index}", PYTHONPATH=str(ROOT))
     env.update(OMP_NUM_THREADS="1", **env_extra)
     argv = [sys.executable, "-m", "gradsync", "run", "--elastic", "--nnodes", str(HOSTS), "--nproc-per-node", "1"]
-    argv += ["--max-restarts", "8", "--rdzv-endpoint", f"{first.address}:29650", "--local-addr", host.address]
-    if store:
+    argv += ["--max-restarts", "8", "--local-addr", host.address]
+    if store:  # the job's store is etcd's: no rendezvous endpoint (gradsync run refuses one it would not use)
         argv += ["--store", store, "--rdzv-id", f"lab-{out.name}"]
+    else:
+        argv += ["--rdzv-endpoint", f"{first.address}:29650"]
     argv += [str(ROOT / "tests" / "scripts" / "elastic_train.py"), str(out)]
     command = host.command(["env", *[f"{k}={v}" for k, v in env.items()], *argv])
     return subprocess.Popen(

@@ -414,7 +414,7 @@ def _cli_here(capsys: pytest.CaptureFixture[str], *args: str) -> str:
         (["--nnodes", "two"], "--nnodes two: give the number of nodes"),
         (["--nnodes", "3:2"], "with 1 <= MIN <= MAX"),
         (["--max-restarts", "-1"], "--max-restarts -1: give how many times"),
-        (["--rdzv-endpoint", "localhost:notaport"], "--rdzv-endpoint localhost:notaport: The port number"),
+        (["--rdzv-endpoint", "localhost:notaport"], "--rdzv-endpoint localhost:notaport is not HOST:PORT"),
         (["--store", "etcd://127.0.0.1:2379"], "the job's store is elastic's; add --elastic"),
         (["--elastic", "--store", "127.0.0.1:2379"], "give the etcd cluster's members, etcd://HOST:PORT"),
         (["--elastic", "--store", "etcd://127.0.0.1:2379/job"], "the job's name comes from --rdzv-id"),

@@ -45,8 +45,8 @@ def run_once(ranks: int, steps: int, compute_s: float, source: Path = ROOT, stor
     per_host = ranks // hosts
     out = Path(tempfile.mkdtemp(prefix="gsoverhead"))
     with netlab.lab(hosts=hosts, rate="10gbit", prefix="gsoverhead") as lab, contextlib.ExitStack() as stack:
-        extra = []
-        if store == "etcd":
+        extra = ["--rdzv-endpoint", f"{lab[0].address}:29660"]  # h0's launcher serves the job's store there
+        if store == "etcd":  # the store is etcd's: no endpoint (gradsync run refuses one it would not use)
             etcd = stack.enter_context(etcd_cluster.cluster(out / "etcd", hosts=lab[:3]))
             extra = ["--store", etcd.url, "--rdzv-id", f"overhead-{out.name}"]
         procs = []
@@ -55,7 +55,7 @@ def run_once(ranks: int, steps: int, compute_s: float, source: Path = ROOT, stor
             env.update(GLOO_SOCKET_IFNAME=host.interface, PYTHONPATH=str(source), OMP_NUM_THREADS="1")
             env.update(STEPS=str(steps), COMPUTE_S=str(compute_s))
             argv = [sys.executable, "-m", "gradsync", "run", "--elastic", "--nnodes", str(hosts)]
-            argv += ["--nproc-per-node", str(per_host), "--rdzv-endpoint", f"{lab[0].address}:29660", *extra]
+            argv += ["--nproc-per-node", str(per_host), *extra]
             argv += ["--local-addr", host.address, str(ROOT / "bench" / "elastic" / "overhead_worker.py"), str(out)]
             command = host.command(["env", *[f"{k}={v}" for k, v in env.items()], *argv])
             procs.append(

@@ -7,7 +7,8 @@ that returns a :class:`~gradsync.doctor.result.Result` (ok, warn, fail or skip, 
 ``network.py``       the interface gloo will pick, and whether other hosts can reach it
 ``store.py``         whether the rendezvous endpoint or the etcd members answer
 ``kernel.py``        the lab's kernel features (namespaces, veth, tc's tbf and netem); lab/netlab.py probes with it
-``job.py``           the flags of ``gradsync run`` that the checks read
+``job.py``           the flags of ``gradsync run`` that the checks read, parsed and refused by gradsync run's own
+                     rules (gradsync/runtime/run_flags.py)
 ``report.py``        the command: every check, a table or JSON, the exit status
 
 It sits at the top with the command: nothing in the library imports it, and it imports no launcher.

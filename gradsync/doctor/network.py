@@ -17,6 +17,9 @@ from pathlib import Path
 
 from gradsync.doctor.job import GLOO_IFNAME_VARIABLE, Job
 from gradsync.doctor.result import Result
+from gradsync.errors import ConfigError
+from gradsync.runtime.endpoints import split
+from gradsync.runtime.run_flags import RDZV_PORT
 
 RESOLVE_S = 2.0  # a name lookup that takes longer is reported as unanswered (a resolver can hang for 30 s)
 _SIOCGIFADDR = 0x8915  # Linux's ioctl for an interface's IPv4 address
@@ -91,6 +94,13 @@ def resolve(host: str, timeout: float = RESOLVE_S) -> list[str] | None:
     return answer[0] if answer else None
 
 
+def _on_loopback(endpoint: str) -> bool:
+    try:
+        return is_loopback(split(endpoint, endpoint, RDZV_PORT)[0])
+    except ConfigError:
+        return False
+
+
 def is_loopback(host: str) -> bool:
     """Whether ``host`` names this machine's loopback (so every node of a job that uses it is on this machine)."""
     if host in ("localhost", ""):
@@ -154,7 +164,7 @@ def _judge_reach(job: Job, found: list[Interface], detail: str, loopback: bool) 
     """ok, unless gloo's address is loopback and the job may span hosts that are not all this machine."""
     if not loopback:
         return Result("network", "ok", detail)
-    if job.max_nodes <= 1 or (job.endpoint is not None and is_loopback(job.endpoint.rpartition(":")[0])):
+    if job.max_nodes <= 1 or (job.endpoint is not None and _on_loopback(job.endpoint)):
         return Result("network", "ok", detail + " (fine: every node of this job is on this machine)")
     others = [i for i in found if i.up and i.addresses and not i.loopback]
     hint = f" (here: {', '.join(f'{i.name} {i.addresses[0]}' for i in others)})" if others else ""

@@ -6,16 +6,16 @@ from __future__ import annotations
 import socket
 import time
 
-from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
-
 from gradsync.doctor.job import Job
 from gradsync.doctor.network import interfaces, resolve
 from gradsync.doctor.result import Result
 from gradsync.elastic.etcd_store import EtcdClient, EtcdUnavailable, parse_endpoints
 from gradsync.errors import ConfigError
+from gradsync.runtime import store_server
+from gradsync.runtime.endpoints import join, split
+from gradsync.runtime.run_flags import RDZV_PORT
 
 CONNECT_S = 2.0  # one TCP connect or one etcd request
-_SERVED_BY_RUN = ("localhost", "127.0.0.1", "0.0.0.0")  # hosts whose port gradsync run binds itself (run.py)
 
 
 def check_rendezvous(job: Job) -> Result:
@@ -27,15 +27,16 @@ def check_rendezvous(job: Job) -> Result:
     if job.endpoint is None:
         return Result(name, "ok", "one node: this node's launcher serves the store on a free port")
     try:
-        host, port = parse_rendezvous_endpoint(job.endpoint, default_port=29400)
-    except ValueError as exc:
-        return Result(name, "fail", f"{job.endpoint}: {exc}", "give HOST:PORT, e.g. --rdzv-endpoint node0:29400")
+        host, port = split(job.endpoint, job.endpoint, RDZV_PORT)
+    except ConfigError as exc:
+        return Result(name, "fail", exc.message, "give HOST:PORT, e.g. --rdzv-endpoint node0:29400")
     addresses = resolve(host)
     if not addresses:
         why = "does not resolve" if addresses == [] else "took over 2 s to look up"
         return Result(name, "fail", f"{host} {why}", "give the serving host's address, or a name every node resolves")
-    if host in (*_SERVED_BY_RUN, job.local_addr) or set(addresses) <= _local_addresses():
-        return _free_to_serve(host, port)
+    served = store_server.served_here(host, job.local_addr, job.elastic, job.max_nodes)
+    if served or set(addresses) <= _local_addresses():
+        return _free_to_serve(host, port, job.max_nodes)
     return _answers(host, port)
 
 
@@ -43,23 +44,24 @@ def _local_addresses() -> set[str]:
     return {a for i in interfaces() for a in i.addresses}
 
 
-def _free_to_serve(host: str, port: int) -> Result:
-    """This node serves the store: its port must be free (as gradsync run checks before it starts)."""
-    name = "rendezvous store"
+def _free_to_serve(host: str, port: int, nodes: int) -> Result:
+    """This node serves the store: it must be able to listen on its address and port, as gradsync run checks
+    before it starts (gradsync/runtime/store_server.py)."""
+    name, where = "rendezvous store", join(host, port)
     if port == 0:
         return Result(name, "ok", f"this node serves the store at {host} on a free port")
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            probe.bind(("", port))
-        except OSError as exc:
-            return Result(
-                name,
-                "fail",
-                f"this node serves the store at {host}:{port}, and port {port} cannot be bound: {exc.strerror}",
-                "another job may be using it: pick a free port with --master-port or --rdzv-endpoint HOST:PORT",
-            )
-    return Result(name, "ok", f"this node serves the store at {host}:{port} (the port is free)")
+    try:
+        address = store_server.listen_address(host, nodes)
+        store_server.listening_socket(address, port).close()
+    except ConfigError as exc:
+        return Result(
+            name,
+            "fail",
+            f"this node serves the store at {where}, and {exc.message}",
+            "another job may be using it: pick a free port with --master-port or --rdzv-endpoint HOST:PORT",
+        )
+    listens = "every interface" if address == store_server.EVERY_INTERFACE else f"{address} only"
+    return Result(name, "ok", f"this node serves the store at {where} (the port is free), listening on {listens}")
 
 
 def _answers(host: str, port: int) -> Result:

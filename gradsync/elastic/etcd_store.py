@@ -33,6 +33,7 @@ import torch.distributed as dist
 
 from gradsync.errors import ConfigError, GradsyncError
 from gradsync.polling import wait_until
+from gradsync.runtime.endpoints import etcd_members, split
 
 REQUEST_S = 2.0  # one request to one member; a member that does not answer within this is skipped
 UNAVAILABLE_S = 10.0  # an operation that no member could serve for this long fails, naming the cluster
@@ -117,8 +118,8 @@ class EtcdClient:
     def _post(self, endpoint: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
         connection = getattr(self._local, "connection", None)
         if connection is None:
-            host, _, port = endpoint.rpartition(":")
-            connection = http.client.HTTPConnection(host, int(port), timeout=self.request_s)
+            host, port = split(endpoint, endpoint)
+            connection = http.client.HTTPConnection(host, port, timeout=self.request_s)
             self._local.connection = connection
         connection.request("POST", path, json.dumps(body), {"Content-Type": "application/json"})
         response = connection.getresponse()
@@ -245,18 +246,12 @@ class EtcdStore(dist.Store):
 
 
 def parse_endpoints(url: str) -> tuple[list[str], str]:
-    """``etcd://host1:2379,host2:2379[/job]`` -> (["host1:2379", "host2:2379"], "job")."""
-    rest = url.removeprefix("etcd://")
-    hosts, _, job = rest.partition("/")
-    endpoints = [h if ":" in h else f"{h}:2379" for h in hosts.split(",") if h]
-    if not endpoints:
-        raise ConfigError(f"--store {url}: name the etcd members, e.g. etcd://node0:2379,node1:2379,node2:2379")
+    """``etcd://host1:2379,[::1]:2379[/job]`` -> (["host1:2379", "[::1]:2379"], "job"), each member resolved."""
+    endpoints, job = etcd_members(url)
     for endpoint in endpoints:
-        host, _, port = endpoint.rpartition(":")
-        if not port.isdigit():
-            raise ConfigError(f"--store {url}: {endpoint!r} is not HOST:PORT (etcd's client port is 2379)")
+        host, port = split(endpoint, endpoint)
         try:
-            socket.getaddrinfo(host, int(port))
+            socket.getaddrinfo(host, port)
         except socket.gaierror as exc:
             raise ConfigError(f"--store {url}: cannot resolve {host!r} ({exc})") from exc
     return endpoints, job

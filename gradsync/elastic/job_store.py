@@ -16,8 +16,8 @@ import torch.distributed as dist
 
 from gradsync import settings
 from gradsync.elastic.etcd_store import EtcdClient, EtcdStore, EtcdUnavailable, parse_endpoints
+from gradsync.runtime.endpoints import ETCD_SCHEME, split
 
-ETCD_SCHEME = "etcd://"
 # How a TCPStore client fails once the server's process is gone (the connection closed or reset). A link that is
 # down fails with timeouts instead, and may come back.
 _SERVER_GONE = ("connection was likely closed", "broken pipe", "connection reset", "connection refused")
@@ -46,8 +46,8 @@ def open_stores(where: str, count: int, timeout: float = 60.0) -> list[dist.Stor
         endpoints, job = parse_endpoints(where)
         client = EtcdClient(endpoints)
         return [EtcdStore(endpoints, prefix=f"gradsync/{job}/", timeout=wait, client=client) for _ in range(count)]
-    host, port = where.rsplit(":", 1)
-    return [dist.TCPStore(host, int(port), is_master=False, timeout=wait) for _ in range(count)]
+    host, port = split(where, where)
+    return [dist.TCPStore(host, port, is_master=False, timeout=wait) for _ in range(count)]
 
 
 def describe(where: str) -> str:

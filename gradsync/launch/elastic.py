@@ -41,6 +41,7 @@ from gradsync.elastic.job_status import (
 from gradsync.elastic.state import REJOIN_VARIABLE
 from gradsync.errors import ConfigError
 from gradsync.polling import wait_until
+from gradsync.runtime import endpoints, run_flags, store_server
 
 
 @dataclass
@@ -63,18 +64,21 @@ def _min_nodes(nnodes: str) -> int:
     return int(nnodes.split(":")[0])
 
 
+def _max_nodes(nnodes: str) -> int:
+    return int(nnodes.split(":")[-1])
+
+
 def _store(args: Any) -> tuple[str, dist.TCPStore | None]:
-    """(where the workers find the job's store, the store if this launcher serves it)."""
+    """(where the workers find the job's store, the store if this launcher serves it: on the endpoint's address
+    only, gradsync/runtime/store_server.py)."""
     if args.store:
         return job_store.etcd_url(args.store, args.rdzv_id), None
-    host, _, port = args.rdzv_endpoint.rpartition(":")
-    hosting = args.nnodes in ("1", "1:1") or host in ("localhost", "127.0.0.1", args.local_addr or "")
-    if hosting:
-        store = dist.TCPStore(
-            host, int(port), is_master=True, wait_for_workers=False, timeout=datetime.timedelta(seconds=600)
-        )
-        return f"{host}:{store.port}", store
-    return f"{host}:{port}", None
+    host, port = endpoints.split(args.rdzv_endpoint, f"--rdzv-endpoint {args.rdzv_endpoint}", run_flags.RDZV_PORT)
+    nodes = run_flags.max_nodes(args.nnodes)
+    if not store_server.served_here(host, args.local_addr, elastic=True, nodes=nodes):
+        return endpoints.join(host, port), None
+    store = store_server.serve(host, port, nodes, datetime.timedelta(seconds=600), wait_for_workers=False)
+    return endpoints.join(host, store.port), store
 
 
 def _start(worker: Worker, cmd: str, cmd_args: tuple, env: dict[str, str], log_dir: str) -> None:
@@ -124,7 +128,8 @@ def run_elastic(args: Any, cmd: str, cmd_args: list[str]) -> int:
     if job.lost:  # found when the last worker here exited
         return _stop_without_store(workers, job)
     if store is not None:
-        _wait_for_everyone(store)  # the other hosts' workers may still read their last keys
+        # the other hosts' workers may still read their last keys, and their launchers look for the end
+        _wait_for_everyone(store, other_launchers=_max_nodes(args.nnodes) > 1)
     job.look(again=True)
     # Once the members finished, a worker that failed meanwhile (cut off, then too late to rejoin) costs nothing.
     failed = [] if job.done else [w for w in workers if w.exit_codes and w.exit_codes[-1] != 0]
@@ -163,9 +168,10 @@ def _stop_without_store(workers: list[Worker], job: Job) -> int:
 WORKERS_STOP_S = 15.0  # an etcd client tries every member for 10 s before its operation fails
 
 
-def _wait_for_everyone(store: dist.TCPStore, seconds: float = 60.0) -> None:
-    """Keep the job's store up until every member of the last round reported its training finished."""
-    if wait_until(lambda: everyone_finished(store), seconds, pause=0.2, max_pause=0.2):
+def _wait_for_everyone(store: dist.TCPStore, other_launchers: bool, seconds: float = 60.0) -> None:
+    """Keep the job's store up until every member of the last round reported its training finished, and then, where
+    other nodes' launchers may be running, long enough for them to see it (a one-node job ends at once)."""
+    if wait_until(lambda: everyone_finished(store), seconds, pause=0.2, max_pause=0.2) and other_launchers:
         time.sleep(3.0)  # the other launchers look once a second: let them see the end
 
 

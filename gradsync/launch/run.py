@@ -7,7 +7,8 @@ prefix* (``torch/distributed/rendezvous.py`` assumes "a new TCPStore for every r
 static rendezvous always shares). Restarted workers then read the dead round's keys: gloo connects to the old
 workers' ports ("Connection refused") or the init barrier counts stale arrivals (a hang). ``gradsync run`` turns
 sharing off (``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``), so each round's rank 0 hosts a fresh store on a fresh
-port, and uses the c10d rendezvous in place of the static one, which cannot do that.
+port, and uses the c10d rendezvous in place of the static one, which cannot do that (torch's c10d under a name of
+its own, gradsync/launch/rendezvous.py, whose store listens on the endpoint's address only).
 """
 
 from __future__ import annotations
@@ -16,76 +17,38 @@ import argparse
 import glob
 import os
 import re
-import socket
 import sys
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
-from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
 from torch.distributed.launcher.api import elastic_launch
-from torch.distributed.run import config_from_args, get_args_parser
+from torch.distributed.run import config_from_args
 
-from gradsync import torch_private
 from gradsync.elastic.etcd_store import parse_endpoints
-from gradsync.elastic.job_store import is_etcd
-from gradsync.errors import ConfigError
-from gradsync.launch import watchdog
+from gradsync.launch import rendezvous, watchdog
+from gradsync.runtime import run_flags, store_server
+from gradsync.runtime.endpoints import split
 
 STDERR_TAIL_LINES = 15
 
 
 def _parser() -> argparse.ArgumentParser:
-    """torchrun's parser, plus gradsync's own flags."""
-    parser = get_args_parser()
-    parser.prog = "gradsync run"
-    parser.add_argument(
-        "--watchdog",
-        type=float,
-        default=None,
-        metavar="SECONDS",
-        help="gradsync: stop the job, with every rank's Python stack, if no rank completes a step for SECONDS",
-    )
-    parser.add_argument(
-        "--elastic",
-        action="store_true",
-        help="gradsync: survivors keep training when a worker fails; only that worker restarts and rejoins "
-        "(the script uses gradsync.elastic)",
-    )
-    parser.add_argument(
-        "--store",
-        default=None,
-        metavar="etcd://HOST:PORT,...",
-        help="gradsync, with --elastic: keep the job's coordination state on this etcd cluster instead of in the "
-        "rendezvous host's launcher, so that the job survives losing any one host; the job's keys live under "
-        "gradsync/<--rdzv-id>/",
-    )
-    return parser
+    """torchrun's parser, plus gradsync's own flags (gradsync/runtime/run_flags.py, which gradsync doctor shares)."""
+    return run_flags.parser()
 
 
 def _prepare(argv: Sequence[str]):
     args = _parser().parse_args(list(argv))
-    _check_flags(args)
-    if args.standalone:
-        args.rdzv_backend, args.rdzv_endpoint = "c10d", "localhost:0"
-    elif args.rdzv_backend == "static":
-        if args.master_port is None and not args.rdzv_endpoint and args.nnodes in ("1", "1:1"):
-            args.rdzv_endpoint = "localhost:0"  # one node: any free port, as torchrun does
-        else:
-            args.rdzv_endpoint = args.rdzv_endpoint or f"{args.master_addr}:{args.master_port or 29500}"
-        args.rdzv_backend = "c10d"
-    endpoint_host = args.rdzv_endpoint.rsplit(":", 1)[0]
-    if args.local_addr and endpoint_host == args.local_addr and "is_host" not in args.rdzv_conf:
-        # torch decides who hosts the rendezvous store by resolving the machine's hostname, which fails where the
-        # hostname does not map to the serving interface (containers, namespaces): the node whose --local-addr is
-        # the endpoint hosts it.
-        args.rdzv_conf = ",".join(c for c in (args.rdzv_conf, "is_host=1") if c)
-    _check_endpoint_port(args.rdzv_endpoint, args.local_addr)
-    if args.rdzv_id == "none":
-        args.rdzv_id = f"gradsync-{args.rdzv_endpoint}"
+    run_flags.check(args, run_flags.given(argv))
+    if args.store:
+        parse_endpoints(args.store)  # each member resolves
+    where = run_flags.endpoint(args)
+    if where is not None:  # the job's store is a TCPStore (not etcd's): where, and who serves it
+        _serve_the_rendezvous(args, where)
     if args.master_port is None:
-        args.master_port = 29500
+        args.master_port = run_flags.MASTER_PORT
     if not args.log_dir:
         args.log_dir = tempfile.mkdtemp(prefix="gradsync-run-")
     if args.tee == "0" and args.redirects == "0":
@@ -93,77 +56,26 @@ def _prepare(argv: Sequence[str]):
     return args
 
 
-def _check_flags(args: argparse.Namespace) -> None:
-    """torchrun parses these flags only once it starts, with a traceback; refuse a bad one by name here."""
-    if args.watchdog is not None and args.watchdog <= 0:
-        raise ConfigError(f"--watchdog {args.watchdog}: give the seconds without progress to allow, > 0.")
-    _check_nproc(args.nproc_per_node)
-    _check_nnodes(args.nnodes)
-    if args.max_restarts < 0:
-        raise ConfigError(f"--max-restarts {args.max_restarts}: give how many times to restart the job, >= 0.")
-    _check_store(args)
-    if args.rdzv_endpoint:
-        try:
-            parse_rendezvous_endpoint(args.rdzv_endpoint, default_port=29400)
-        except ValueError as exc:
-            raise ConfigError(
-                f"--rdzv-endpoint {args.rdzv_endpoint}: {exc} Give HOST:PORT, e.g. node0:29400."
-            ) from None
-
-
-def _check_store(args: argparse.Namespace) -> None:
-    if args.store is None:
-        return
+def _serve_the_rendezvous(args: argparse.Namespace, where: str) -> None:
+    """Point the job at its TCP store ``where``: torch elastic through gradsync's c10d rendezvous (whose store
+    listens on the endpoint's address only: gradsync/launch/rendezvous.py), or --elastic's launcher. Refuse at once,
+    naming the port, a store this node serves and cannot listen for (torch elastic would wait on it for minutes)."""
+    if not args.elastic and args.rdzv_backend not in ("static", "c10d"):
+        return  # torch's own rendezvous (etcd): its endpoint is etcd's, served by nobody here
+    host, port = split(where, f"--rdzv-endpoint {where}", run_flags.RDZV_PORT)
+    args.rdzv_endpoint = where
     if not args.elastic:
-        raise ConfigError(f"--store {args.store}: the job's store is elastic's; add --elastic, or drop --store.")
-    if not is_etcd(args.store) or "/" in args.store.removeprefix("etcd://"):
-        raise ConfigError(
-            f"--store {args.store}: give the etcd cluster's members, etcd://HOST:PORT,HOST:PORT,... (the job's "
-            "name comes from --rdzv-id)."
-        )
-    parse_endpoints(args.store)
+        args.rdzv_backend = rendezvous.register()
+    if args.local_addr and host == args.local_addr and "is_host" not in args.rdzv_conf:
+        # torch decides who hosts the rendezvous store by resolving the machine's hostname, which fails where the
+        # hostname does not map to the serving interface (containers, namespaces): the node whose --local-addr is
+        # the endpoint hosts it.
+        args.rdzv_conf = ",".join(c for c in (args.rdzv_conf, "is_host=1") if c)
+    nodes = run_flags.max_nodes(args.nnodes)
+    if store_server.served_here(host, args.local_addr, args.elastic, nodes):
+        store_server.check_port(host, port, nodes)
     if args.rdzv_id == "none":
-        raise ConfigError(
-            f"--store {args.store}: name the job with --rdzv-id NAME, the same on every node: its keys live under "
-            "gradsync/NAME/ in etcd, where they outlive the job, so each job needs a name of its own."
-        )
-
-
-def _check_nproc(value: str) -> None:
-    if value.lstrip("-").isdigit():
-        if int(value) < 1:
-            raise ConfigError(f"--nproc-per-node {value}: start at least 1 worker per node (or auto, cpu, gpu).")
-    elif value not in ("auto", "cpu", "gpu", "xpu", torch_private.privateuse1_backend_name()):
-        raise ConfigError(
-            f"--nproc-per-node {value}: give the number of workers per node (e.g. 2), or auto, cpu or gpu (one per "
-            "CPU core or GPU)."
-        )
-
-
-def _check_nnodes(value: str) -> None:
-    parts = value.split(":")
-    if len(parts) > 2 or not all(p.isdigit() for p in parts) or not 1 <= int(parts[0]) <= int(parts[-1]):
-        raise ConfigError(
-            f"--nnodes {value}: give the number of nodes (e.g. 2), or MIN:MAX for an elastic job (e.g. 1:4), "
-            "with 1 <= MIN <= MAX."
-        )
-
-
-def _check_endpoint_port(endpoint: str, local_addr: str | None) -> None:
-    """Fail at once, naming the port, if this node must serve the rendezvous and the port is taken (torch elastic
-    would wait on it for minutes: another job on that port, or a leftover process)."""
-    host, _, port = endpoint.rpartition(":")
-    if not port.isdigit() or int(port) == 0 or host not in ("localhost", "127.0.0.1", "0.0.0.0", local_addr or ""):
-        return
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            probe.bind(("", int(port)))
-        except OSError as exc:
-            raise ConfigError(
-                f"port {port} (the rendezvous/master port) cannot be bound on this host: {exc.strerror}. Another "
-                "job may be using it; pick a free one with --master-port or --rdzv-endpoint HOST:PORT."
-            ) from None
+        args.rdzv_id = f"gradsync-{where}"
 
 
 def _stderr_tail(log_dir: str, local_rank: int) -> list[str]:
