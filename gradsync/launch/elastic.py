@@ -102,13 +102,8 @@ def run_elastic(args: Any, cmd: str, cmd_args: list[str]) -> int:
     where, store = _store(args)
     nproc = int(args.nproc_per_node)
     base = {k: v for k, v in os.environ.items() if not k.startswith(("RANK", "WORLD_SIZE", "MASTER_", "LOCAL_"))}
-    base.update(
-        {
-            STORE_VARIABLE: where,
-            "WORLD_SIZE": str(_min_nodes(args.nnodes) * nproc),
-            "LOCAL_WORLD_SIZE": str(nproc),
-        }
-    )
+    base.update({STORE_VARIABLE: where, "WORLD_SIZE": str(_min_nodes(args.nnodes) * nproc)})
+    base["LOCAL_WORLD_SIZE"] = str(nproc)
     node = f"{args.local_addr or socket.gethostname()}:{os.getpid()}"
     workers = [Worker(r, node) for r in range(nproc)]
     # A short timeout: this launcher must keep restarting its workers while the store's host is unreachable.
