@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from fake_etcd import FakeEtcdMember
 
 import gradsync
 from gradsync import cli
@@ -239,27 +240,10 @@ def test_a_store_this_node_serves_needs_its_port_free() -> None:
     assert unresolved.status == "fail" and "does not resolve" in unresolved.detail
 
 
-class _FakeEtcd(http.server.BaseHTTPRequestHandler):
-    """etcd's JSON gateway, as far as /v3/maintenance/status goes: a member with a leader."""
-
-    leader = "8211f1d0f64f3269"
-
-    def do_POST(self) -> None:  # noqa: N802 (http.server's name)
-        self.rfile.read(int(self.headers.get("Content-Length", 0)))
-        body = json.dumps({"version": "3.4.30", "leader": self.leader}).encode()
-        self.send_response(200 if self.path == "/v3/maintenance/status" else 404)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-
 @pytest.fixture
 def members() -> Iterator[list[str]]:
     """Two fake etcd members on loopback, and a third endpoint where nothing listens."""
-    servers = [http.server.ThreadingHTTPServer(("127.0.0.1", 0), _FakeEtcd) for _ in range(2)]
+    servers = [http.server.ThreadingHTTPServer(("127.0.0.1", 0), FakeEtcdMember) for _ in range(2)]
     for s in servers:
         threading.Thread(target=s.serve_forever, daemon=True).start()
     with socket.socket() as free:
@@ -277,7 +261,8 @@ def test_etcd_members_answer_through_the_jobs_client(members: list[str]) -> None
         return result.status, result.detail
 
     status, detail = check(members[:2])
-    assert status == "ok" and detail == "; ".join(f"{m}: etcd 3.4.30, leader {_FakeEtcd.leader}" for m in members[:2])
+    leader = FakeEtcdMember.leader
+    assert status == "ok" and detail == "; ".join(f"{m}: etcd 3.4.30, leader {leader}" for m in members[:2])
     status, detail = check(members)
     assert status == "warn" and f"{members[2]}: refused the connection" in detail and "a majority" in detail
     assert check([members[0], members[2], members[2].replace("127.0.0.1", "127.0.0.3")])[0] == "fail"

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 import torch.distributed as dist
+from fake_etcd import FakeEtcdMember
 
 from gradsync.doctor.job import check_flags, parse
 from gradsync.elastic.etcd_store import EtcdClient, parse_endpoints
@@ -223,19 +224,6 @@ def test_etcd_members_take_ipv6_in_brackets() -> None:
     assert parse_endpoints("etcd://[::1]:2379,127.0.0.1:2379/j") == (["[::1]:2379", "127.0.0.1:2379"], "j")
 
 
-class _Etcd(http.server.BaseHTTPRequestHandler):
-    def do_POST(self) -> None:  # noqa: N802 (http.server's name)
-        self.rfile.read(int(self.headers.get("Content-Length", 0)))
-        body = json.dumps({"version": "3.4.30"}).encode()
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-
 @pytest.fixture
 def etcd_on_ipv6() -> Iterator[int]:
     """etcd's JSON gateway, as far as answering a POST goes, on [::1]."""
@@ -243,7 +231,7 @@ def etcd_on_ipv6() -> Iterator[int]:
     class Server(http.server.ThreadingHTTPServer):
         address_family = socket.AF_INET6
 
-    server = Server(("::1", 0), _Etcd)
+    server = Server(("::1", 0), FakeEtcdMember)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     yield server.server_address[1]
     server.shutdown()
@@ -252,7 +240,7 @@ def etcd_on_ipv6() -> Iterator[int]:
 
 def test_the_etcd_client_reaches_a_member_at_an_ipv6_address(etcd_on_ipv6: int) -> None:
     client = EtcdClient([f"[::1]:{etcd_on_ipv6}"], unavailable_s=2.0)
-    assert client.call("/v3/maintenance/status", {}) == {"version": "3.4.30"}
+    assert client.call("/v3/maintenance/status", {})["version"] == "3.4.30"
 
 
 # ------------------------------------------------------------------------------------------------ the store's address

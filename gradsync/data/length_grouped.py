@@ -14,7 +14,6 @@ for a rank that ran out.
 from __future__ import annotations
 
 import math
-import operator
 import zlib
 from collections.abc import Iterator, Mapping, Sequence, Sized
 from typing import Any
@@ -23,7 +22,7 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import Sampler
 
-from gradsync.data.sampler import check_state, replicas_and_rank
+from gradsync.data.sampler import check_state, checked_epoch, replicas_and_rank
 from gradsync.errors import ConfigError
 from gradsync.validate import require_int
 
@@ -237,13 +236,7 @@ class LengthGroupedSampler(Sampler[list[int]]):
 
     def set_epoch(self, epoch: int) -> None:
         """Regroup and reshuffle for ``epoch`` (call before each epoch, as with torch's sampler)."""
-        try:
-            epoch = operator.index(epoch)
-        except TypeError:
-            raise ConfigError(
-                f"{_OWNER}.set_epoch: epoch must be an int (it seeds the shuffle), got {type(epoch).__name__} "
-                f"{epoch!r}; pass the loop's epoch counter, e.g. set_epoch(epoch)."
-            ) from None
+        epoch = checked_epoch(_OWNER, epoch)
         if epoch != self.epoch:
             self._resume_at = self._yielded = 0  # a saved position belongs to the epoch it was saved in
         self.epoch = epoch

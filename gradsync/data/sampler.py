@@ -56,6 +56,17 @@ def replicas_and_rank(
     return num_replicas, rank
 
 
+def checked_epoch(owner: str, epoch: object) -> int:
+    """``epoch`` as an int, or a ConfigError naming ``owner``'s set_epoch: the epoch seeds the shuffle."""
+    try:
+        return operator.index(epoch)  # type: ignore[arg-type]
+    except TypeError:
+        raise ConfigError(
+            f"{owner}.set_epoch: epoch must be an int (it seeds the shuffle), got {type(epoch).__name__} "
+            f"{epoch!r}; pass the loop's epoch counter, e.g. set_epoch(epoch)."
+        ) from None
+
+
 def _check_dataset(dataset: object) -> None:
     """A dataset with a length (as torch's sampler needs); a string or a bare number is refused here, at
     construction, not at the first iteration."""
@@ -157,13 +168,7 @@ class DistributedSampler(Sampler[int]):
 
     def set_epoch(self, epoch: int) -> None:
         """Reshuffle for ``epoch`` (call before each epoch, as with torch's sampler)."""
-        try:
-            epoch = operator.index(epoch)
-        except TypeError:
-            raise ConfigError(
-                f"DistributedSampler.set_epoch: epoch must be an int (it seeds the shuffle), got "
-                f"{type(epoch).__name__} {epoch!r}; pass the loop's epoch counter, e.g. set_epoch(epoch)."
-            ) from None
+        epoch = checked_epoch("DistributedSampler", epoch)
         if epoch != self.epoch:
             self._resume_at = 0  # a saved position belongs to the epoch it was saved in
             self._yielded = 0
