@@ -18,7 +18,7 @@ from pathlib import Path
 from gradsync.doctor.job import GLOO_IFNAME_VARIABLE, Job
 from gradsync.doctor.result import Result
 from gradsync.errors import ConfigError
-from gradsync.runtime.endpoints import split
+from gradsync.runtime.endpoints import is_loopback, split
 from gradsync.runtime.run_flags import RDZV_PORT
 
 RESOLVE_S = 2.0  # a name lookup that takes longer is reported as unanswered (a resolver can hang for 30 s)
@@ -98,16 +98,6 @@ def _on_loopback(endpoint: str) -> bool:
     try:
         return is_loopback(split(endpoint, endpoint, RDZV_PORT)[0])
     except ConfigError:
-        return False
-
-
-def is_loopback(host: str) -> bool:
-    """Whether ``host`` names this machine's loopback (so every node of a job that uses it is on this machine)."""
-    if host in ("localhost", ""):
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
         return False
 
 

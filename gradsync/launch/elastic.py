@@ -64,10 +64,6 @@ def _min_nodes(nnodes: str) -> int:
     return int(nnodes.split(":")[0])
 
 
-def _max_nodes(nnodes: str) -> int:
-    return int(nnodes.split(":")[-1])
-
-
 def _store(args: Any) -> tuple[str, dist.TCPStore | None]:
     """(where the workers find the job's store, the store if this launcher serves it: on the endpoint's address
     only, gradsync/runtime/store_server.py)."""
@@ -124,7 +120,7 @@ def run_elastic(args: Any, cmd: str, cmd_args: list[str]) -> int:
         return _stop_without_store(workers, job)
     if store is not None:
         # the other hosts' workers may still read their last keys, and their launchers look for the end
-        _wait_for_everyone(store, other_launchers=_max_nodes(args.nnodes) > 1)
+        _wait_for_everyone(store, other_launchers=run_flags.max_nodes(args.nnodes) > 1)
     job.look(again=True)
     # Once the members finished, a worker that failed meanwhile (cut off, then too late to rejoin) costs nothing.
     failed = [] if job.done else [w for w in workers if w.exit_codes and w.exit_codes[-1] != 0]
