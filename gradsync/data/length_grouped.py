@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import Sampler
 
-from gradsync.data.sampler import check_state, checked_epoch, replicas_and_rank
+from gradsync.data.sampler import check_state, checked_epoch, replicas_and_rank, require_plain_int
 from gradsync.errors import ConfigError
 from gradsync.validate import require_int
 
@@ -175,8 +175,7 @@ class LengthGroupedSampler(Sampler[list[int]]):
             )
         self.batch_size = require_int(_OWNER, "batch_size", batch_size, 1)
         self.megabatch_mult = require_int(_OWNER, "megabatch_mult", megabatch_mult, 1)
-        if isinstance(seed, bool) or not isinstance(seed, int):
-            raise ConfigError(f"{_OWNER}: seed must be an int (it seeds the shuffle), got {type(seed).__name__}")
+        require_plain_int(_OWNER, "seed", seed)
         self.seed = seed
         self.num_replicas, self.rank = replicas_and_rank(_OWNER, num_replicas, rank, process_group)
         self.dataset = dataset

@@ -32,7 +32,7 @@ def epoch_order(n: int, shuffle: bool, seed: int, epoch: int) -> list[int]:
     return torch.randperm(n, generator=torch.Generator().manual_seed(seed + epoch)).tolist()
 
 
-def _require_plain_int(owner: str, name: str, value: object) -> None:
+def require_plain_int(owner: str, name: str, value: object) -> None:
     if not isinstance(value, int) or isinstance(value, bool):
         raise ConfigError(f"{owner}: {name} must be an int, got {type(value).__name__} {value!r}")
 
@@ -47,8 +47,8 @@ def replicas_and_rank(
         num_replicas = dist.get_world_size(group) if grouped else 1
     if rank is None:
         rank = dist.get_rank(group) if grouped else 0
-    _require_plain_int(owner, "num_replicas", num_replicas)
-    _require_plain_int(owner, "rank", rank)
+    require_plain_int(owner, "num_replicas", num_replicas)
+    require_plain_int(owner, "rank", rank)
     if num_replicas < 1:
         raise ConfigError(f"{owner}: num_replicas must be >= 1, got {num_replicas}")
     if not 0 <= rank < num_replicas:
@@ -116,7 +116,7 @@ class DistributedSampler(Sampler[int]):
     ) -> None:
         _check_dataset(dataset)
         num_replicas, rank = replicas_and_rank("DistributedSampler", num_replicas, rank)
-        _require_plain_int("DistributedSampler", "seed", seed)
+        require_plain_int("DistributedSampler", "seed", seed)
         self.dataset = dataset
         self.num_replicas = num_replicas
         self.rank = rank
