@@ -15,11 +15,15 @@ from pathlib import Path
 from gradsync.testing import free_port
 from lab import etcd_cluster
 
+# gradsync run --elastic's own server (gradsync/runtime/store_server.py: listening on the endpoint's address only).
+# Not torch's TCPStore(host, port, is_master=True), which listens on every interface, IPv6 too: a loopback client
+# is then ::ffff:127.0.0.1, which /etc/hosts does not name, and the libuv server looks each client's address up
+# (getnameinfo in LibUVStoreDaemon::onConnect, on its one thread): where the resolver does not answer, every
+# connection stalls the whole store for the resolver's timeout (5 s here). docs/scaling.md says more.
 _SERVE = """
 import datetime, sys, time
-import torch.distributed as dist
-store = dist.TCPStore("127.0.0.1", int(sys.argv[1]), is_master=True, wait_for_workers=False,
-                      timeout=datetime.timedelta(seconds=600))
+from gradsync.runtime import store_server
+store = store_server.serve("127.0.0.1", int(sys.argv[1]), 64, datetime.timedelta(seconds=600), wait_for_workers=False)
 print("ready", flush=True)
 time.sleep(1e9)
 """

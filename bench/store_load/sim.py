@@ -95,12 +95,14 @@ def _in_threads(calls: list) -> list:  # noqa: ANN001
 
 
 def _launchers(where: str, count: int, stop: threading.Event, ops: list[Op]) -> list[threading.Thread]:
-    def look() -> None:
-        job = Job(RecordingStore(job_store.open_store(where, timeout=5.0), ops), where, hosting=False)
+    """Each launcher's client (a short timeout, as the launcher's), connected before its ranks, as it is."""
+    jobs = [Job(RecordingStore(job_store.open_store(where, timeout=5.0), ops), where, False) for _ in range(count)]
+
+    def look(job: Job) -> None:
         while not stop.wait(0.2):  # gradsync run --elastic's loop
             job.look()
 
-    threads = [threading.Thread(target=look, daemon=True) for _ in range(count)]
+    threads = [threading.Thread(target=look, args=(job,), daemon=True) for job in jobs]
     for t in threads:
         t.start()
     return threads
@@ -111,9 +113,9 @@ def host(plan: Plan, count: int, barrier, loss_at, out) -> None:  # noqa: ANN001
     ``plan.lose`` (if it is here) and regroup; sends a ``HostSummary`` through ``out``."""
     _count_http()
     summary = HostSummary(count)
-    ranks = _ranks(plan.where, count)
     stop, launcher_ops = threading.Event(), []
     _launchers(plan.where, max(1, count // RANKS_PER_NODE), stop, launcher_ops)
+    ranks = _ranks(plan.where, count)
     barrier.wait()
     began = time.monotonic()
     _in_threads([lambda m=m: m.first_round(plan.total) for m, _ in ranks])
