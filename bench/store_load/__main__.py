@@ -30,6 +30,7 @@ from bench.store_load import servers, sim
 from bench.store_load.pattern import steady_pattern
 from bench.store_load.recording import Op
 from gradsync.elastic.liveness import HEARTBEAT_S
+from lab import netlab
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -125,6 +126,18 @@ def figures(kind: str, ranks: int, measured: dict, summaries: list[sim.HostSumma
     }
 
 
+def in_a_namespace(argv: list[str]) -> int:
+    """Run this benchmark again inside a network namespace with its loopback only. torch's c10d sockets name each
+    peer with a reverse lookup (getnameinfo, in ``c10d::detail::formatSockAddr``, on a client's connect and on the
+    libuv server's one thread): where the resolver does not answer, as this machine's, some connections wait 5 s
+    for it. In a namespace with no route to the resolver the lookup fails at once, as on a cluster whose resolver
+    answers (docs/scaling.md)."""
+    with netlab.lab(hosts=1, rate=None, prefix="gsload") as hosts:
+        env = dict(os.environ, PYTHONPATH=str(ROOT))
+        command = hosts[0].command([sys.executable, "-m", "bench.store_load", *argv, "--inside"])
+        return subprocess.run(command, env=env, check=False).returncode
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--ranks", type=int, nargs="+", default=[256, 1024])
@@ -132,7 +145,10 @@ def main() -> None:
     p.add_argument("--hosts", type=int, default=8, help="processes the simulated ranks are spread over")
     p.add_argument("--seconds", type=float, default=20.0, help="the steady window")
     p.add_argument("--out", type=Path, default=ROOT / "bench/results/store_load.json")
+    p.add_argument("--inside", action="store_true", help=argparse.SUPPRESS)  # already in its namespace
     args = p.parse_args()
+    if not args.inside:
+        raise SystemExit(in_a_namespace(sys.argv[1:]))
     work = Path(tempfile.mkdtemp(prefix="gsstoreload"))
     real = record_real(work / "record")
     print(f"the real job's heartbeats: {dict(real)}", flush=True)

@@ -16,10 +16,6 @@ from gradsync.testing import free_port
 from lab import etcd_cluster
 
 # gradsync run --elastic's own server (gradsync/runtime/store_server.py: listening on the endpoint's address only).
-# Not torch's TCPStore(host, port, is_master=True), which listens on every interface, IPv6 too: a loopback client
-# is then ::ffff:127.0.0.1, which /etc/hosts does not name, and the libuv server looks each client's address up
-# (getnameinfo in LibUVStoreDaemon::onConnect, on its one thread): where the resolver does not answer, every
-# connection stalls the whole store for the resolver's timeout (5 s here). docs/scaling.md says more.
 _SERVE = """
 import datetime, sys, time
 from gradsync.runtime import store_server
