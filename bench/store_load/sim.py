@@ -47,6 +47,7 @@ class HostSummary:
     first_round_s: float = 0.0
     regroup_s: float = 0.0
     round2_sizes: list[int] = field(default_factory=list)
+    regroup_errors: list[str] = field(default_factory=list)
     window: tuple[float, float] = (0.0, 0.0)
     ops: Counter = field(default_factory=Counter)
     http: int = 0
@@ -155,9 +156,18 @@ def _regroup(plan: Plan, summary: HostSummary, ranks: list, loss_at) -> None:  #
             mark_exited(m.store, m.me)
         else:
             survivors.append(m)
-    rounds = _in_threads([lambda m=m: m.next_round(steps=100) for m in survivors])
+    rounds = _in_threads([lambda m=m: _next_round(m) for m in survivors])
     summary.regroup_s = time.monotonic() - loss_at.value
-    summary.round2_sizes = sorted({r.world_size for r in rounds})
+    summary.round2_sizes = sorted({r.world_size for r in rounds if not isinstance(r, str)})
+    summary.regroup_errors = sorted({r for r in rounds if isinstance(r, str)})
+
+
+def _next_round(member: Membership) -> object:
+    """The member's next round, or why it failed (a member whose round failed reports it, as a survivor would)."""
+    try:
+        return member.next_round(steps=100)
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}"
 
 
 def _summarise(summary: HostSummary, ranks: list, launcher_ops: list[Op], cpu: float, http: int) -> None:
