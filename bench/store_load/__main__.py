@@ -121,6 +121,7 @@ def figures(kind: str, ranks: int, measured: dict, summaries: list[sim.HostSumma
         "first_round_s": max(s.first_round_s for s in summaries),
         "regroup_s": max(s.regroup_s for s in summaries),
         "regroup_ok": sizes == {ranks - 1},
+        "regroup_errors": sorted({e for s in summaries for e in s.regroup_errors}),
         "sim_cores": sum(s.cpu_s for s in summaries) / window,
         **measured,
     }
