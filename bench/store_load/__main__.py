@@ -21,6 +21,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from array import array
 from collections import Counter
@@ -29,8 +30,8 @@ from pathlib import Path
 from bench.store_load import servers, sim
 from bench.store_load.pattern import steady_pattern
 from bench.store_load.recording import Op
-from gradsync.elastic.liveness import HEARTBEAT_S
-from lab import netlab
+from gradsync.elastic.liveness import HEARTBEAT_S, beat_interval
+from lab import netlab, results
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -65,23 +66,37 @@ def _hosts_of(ranks: int, hosts: int) -> list[int]:
     return [ranks // hosts + (1 if i < ranks % hosts else 0) for i in range(hosts)]
 
 
-def run_one(kind: str, ranks: int, hosts: int, seconds: float, work: Path) -> tuple[dict, list[sim.HostSummary]]:
-    """One world size on one store: the simulated ranks' summaries, and the store's and the machine's CPU."""
+def run_one(
+    kind: str, ranks: int, hosts: int, seconds: float, work: Path, phase_s: float
+) -> tuple[dict, list[sim.HostSummary]]:
+    """One world size on one store: the simulated ranks' summaries, and the store's and the machine's CPU; or,
+    where a phase (the arrival, round 1, the steady window) took over ``phase_s``, which one (``failed``)."""
     ctx = multiprocessing.get_context("fork")
     served_by = servers.tcp_store() if kind == "tcp" else servers.etcd(work / f"etcd-{ranks}")
     with served_by as served:
         plan = sim.Plan(served.where, ranks, seconds, lose=ranks)
-        barrier, loss_at = ctx.Barrier(hosts + 1, timeout=900), ctx.Value("d", 0.0)
+        barrier, loss_at = ctx.Barrier(hosts + 1, timeout=phase_s), ctx.Value("d", 0.0)
         pipes, processes = [], []
         for count in _hosts_of(ranks, hosts):
             receive, send = ctx.Pipe(duplex=False)
             processes.append(ctx.Process(target=sim.host, args=(plan, count, barrier, loss_at, send), daemon=True))
             processes[-1].start()
             pipes.append(receive)
-        barrier.wait()  # every rank arrived
-        barrier.wait()  # round 1 formed
         cpu, busy, began = served.cpu_seconds(), _machine_busy(), time.monotonic()
-        barrier.wait()  # the steady window ended
+        try:
+            phase = "every rank to arrive"
+            barrier.wait()
+            phase = "round 1 to form"
+            barrier.wait()
+            cpu, busy, began = served.cpu_seconds(), _machine_busy(), time.monotonic()
+            phase = "the steady window to end"
+            barrier.wait()
+        except threading.BrokenBarrierError:
+            for process in processes:
+                process.kill()
+            wall = time.monotonic() - began
+            cores = (served.cpu_seconds() - cpu) / wall
+            return {"failed": f"waited {phase_s:.0f}s for {phase}", "store_cores": cores}, []
         wall = time.monotonic() - began
         machine = [b - a for a, b in zip(busy, _machine_busy())]
         measured = {"store_cores": (served.cpu_seconds() - cpu) / wall, "machine_busy": machine[0] / machine[1]}
@@ -102,6 +117,12 @@ def figures(kind: str, ranks: int, measured: dict, summaries: list[sim.HostSumma
             f"{kind}, {ranks} ranks: the simulated ranks' heartbeats {dict(patterns)} are not the real "
             f"job's {dict(real)} (one rank 0, every other rank alike)"
         )
+    period = statistics.median(p for s in summaries for p in s.periods)
+    if abs(period - beat_interval(ranks, sim.TIMEOUTS.heartbeat)) > 0.05 * period:
+        raise SystemExit(
+            f"{kind}, {ranks} ranks: the simulated ranks beat every {period:.3f}s, not every "
+            f"{beat_interval(ranks, sim.TIMEOUTS.heartbeat):.3f}s (liveness.beat_interval)"
+        )
     window = statistics.median(s.window[1] - s.window[0] for s in summaries)
     latencies = array("f")
     for s in summaries:
@@ -115,7 +136,7 @@ def figures(kind: str, ranks: int, measured: dict, summaries: list[sim.HostSumma
         "http_per_s": sum(s.http for s in summaries) / window if kind == "etcd" else None,
         "p50_ms": 1e3 * ordered[len(ordered) // 2],
         "p99_ms": 1e3 * ordered[int(len(ordered) * 0.99)],
-        "beat_period_s": statistics.median(p for s in summaries for p in s.periods),
+        "beat_period_s": period,
         "largest_beat_gap_s": max(s.largest_gap_s for s in summaries),
         "heartbeat_timeout_s": sim.TIMEOUTS.heartbeat,
         "first_round_s": max(s.first_round_s for s in summaries),
@@ -146,6 +167,9 @@ def main() -> None:
     p.add_argument("--hosts", type=int, default=8, help="processes the simulated ranks are spread over")
     p.add_argument("--seconds", type=float, default=20.0, help="the steady window")
     p.add_argument("--out", type=Path, default=ROOT / "bench/results/store_load.json")
+    p.add_argument(
+        "--phase-timeout", type=float, default=300.0, help="seconds a phase may take before it counts as failed"
+    )
     p.add_argument("--inside", action="store_true", help=argparse.SUPPRESS)  # already in its namespace
     args = p.parse_args()
     if not args.inside:
@@ -156,12 +180,16 @@ def main() -> None:
     rows = []
     for kind in args.store:
         for ranks in args.ranks:
-            measured, summaries = run_one(kind, ranks, args.hosts, args.seconds, work)
-            rows.append(figures(kind, ranks, measured, summaries, real))
+            measured, summaries = run_one(kind, ranks, args.hosts, args.seconds, work, args.phase_timeout)
+            failed = "failed" in measured
+            rows.append(
+                {"store": kind, "ranks": ranks, **measured}
+                if failed
+                else figures(kind, ranks, measured, summaries, real)
+            )
             print(json.dumps(rows[-1]), flush=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    record = {"command": sys.argv, "real_heartbeats": [list(k) for k in real], "rows": rows}
-    args.out.write_text(json.dumps(record, indent=1))
+    results.write_json(args.out, {"real_heartbeats": [list(k) for k in real], "rows": rows})
 
 
 if __name__ == "__main__":
