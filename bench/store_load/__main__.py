@@ -118,11 +118,6 @@ def figures(kind: str, ranks: int, measured: dict, summaries: list[sim.HostSumma
             f"job's {dict(real)} (one rank 0, every other rank alike)"
         )
     period = statistics.median(p for s in summaries for p in s.periods)
-    if abs(period - beat_interval(ranks, sim.TIMEOUTS.heartbeat)) > 0.05 * period:
-        raise SystemExit(
-            f"{kind}, {ranks} ranks: the simulated ranks beat every {period:.3f}s, not every "
-            f"{beat_interval(ranks, sim.TIMEOUTS.heartbeat):.3f}s (liveness.beat_interval)"
-        )
     window = statistics.median(s.window[1] - s.window[0] for s in summaries)
     latencies = array("f")
     for s in summaries:
@@ -136,7 +131,8 @@ def figures(kind: str, ranks: int, measured: dict, summaries: list[sim.HostSumma
         "http_per_s": sum(s.http for s in summaries) / window if kind == "etcd" else None,
         "p50_ms": 1e3 * ordered[len(ordered) // 2],
         "p99_ms": 1e3 * ordered[int(len(ordered) * 0.99)],
-        "beat_period_s": period,
+        "beat_period_s": period,  # longer than the intended one where the store answers too slowly
+        "intended_beat_s": beat_interval(ranks, sim.TIMEOUTS.heartbeat),
         "largest_beat_gap_s": max(s.largest_gap_s for s in summaries),
         "heartbeat_timeout_s": sim.TIMEOUTS.heartbeat,
         "first_round_s": max(s.first_round_s for s in summaries),
