@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -354,3 +355,22 @@ def test_the_docs_json_block_runs_as_written(tmp_path: Path) -> None:
     done = subprocess.run(["bash", "-c", code], cwd=tmp_path, env=_doctor_env(), capture_output=True, text=True)
     assert done.returncode == 0 and done.stdout == "[]\n", done.stdout + done.stderr
     assert {c["name"] for c in json.loads((tmp_path / "doctor.json").read_text())} >= {"gloo", "network"}
+
+
+def test_a_slow_reverse_lookup_warns_naming_the_address(monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch's TCPStore looks up every peer by address (its server on its one thread): a resolver that does not
+    answer stalls the job's store at each connection (docs/scaling.md)."""
+    from gradsync.doctor import reverse_lookup
+
+    def getnameinfo(sockaddr: tuple, flags: int) -> tuple[str, str]:
+        if sockaddr[0] == "10.9.9.9":
+            time.sleep(0.4)  # past LOOKUP_S below: unanswered
+        return sockaddr[0], "0"
+
+    monkeypatch.setattr(reverse_lookup.socket, "getnameinfo", getnameinfo)
+    monkeypatch.setattr(reverse_lookup, "LOOKUP_S", 0.2)
+    monkeypatch.setattr(reverse_lookup, "resolve", lambda host: ["10.9.9.9"] if host == "node0" else [])
+    result = reverse_lookup.check_reverse_lookup(Job(nnodes="2", endpoint="node0:29400"))
+    assert result.status == "warn" and "10.9.9.9 (over 0.2s)" in result.detail and "/etc/hosts" in result.fix
+    assert reverse_lookup.check_reverse_lookup(Job(nnodes="2", endpoint="node1:29400")).status == "ok"
+    assert reverse_lookup.check_reverse_lookup(Job(elastic=True, store="etcd://h:2379")).status == "skip"

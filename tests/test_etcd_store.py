@@ -17,6 +17,7 @@ import torch.distributed as dist
 from gradsync.elastic import keys
 from gradsync.elastic.etcd_store import EtcdStore, EtcdUnavailable, parse_endpoints
 from gradsync.elastic.job_store import StoreHealth, gone_now
+from gradsync.elastic.liveness import mark_exited
 from gradsync.elastic.membership import Membership
 from gradsync.elastic.timeouts import Timeouts
 from gradsync.errors import ConfigError
@@ -129,7 +130,7 @@ def test_the_membership_protocol_runs_on_it(etcd: etcd_cluster.Cluster) -> None:
             t.join()
         assert rounds[a.me].members == rounds[b.me].members == [1, 2]
         b.stop()
-        a.store.set(keys.exited(b.me), "1")  # its launcher saw it exit
+        mark_exited(a.store, b.me)  # its launcher saw it exit
         assert a.next_round(steps=3).members == [a.me]
     finally:
         a.stop()

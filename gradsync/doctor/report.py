@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from rich.console import Console
 from rich.table import Table
 
-from gradsync.doctor import backends, kernel, network, store, torch_checks
+from gradsync.doctor import backends, kernel, network, reverse_lookup, store, torch_checks
 from gradsync.doctor.job import Job, check_flags, parse
 from gradsync.doctor.result import Result, fails_a_job
 
@@ -32,6 +32,7 @@ def run_checks(job: Job) -> list[Result]:
         backends.check_gloo(),
         backends.check_gpus(job),
         network.check_interface(job),
+        reverse_lookup.check_reverse_lookup(job),
         store.check_rendezvous(job),
         store.check_etcd(job),
         *kernel.check_lab(),

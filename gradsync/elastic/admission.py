@@ -20,6 +20,7 @@ class Admission:
     at: int | None = None
     step: int = 0
     step_seconds: float | None = None  # a moving average of the time between boundaries; None before two
+    beat_s: float = HEARTBEAT_S  # between two of the members' beats (liveness.beat_interval of the round)
     _last: float | None = None
 
     def tick(self, now: float, step: int) -> None:
@@ -37,4 +38,4 @@ class Admission:
         read it first (None: the step time is not known yet): two beats' worth, and two steps more."""
         if self.step_seconds is None:
             return None
-        return 2 + math.ceil(2 * HEARTBEAT_S / max(self.step_seconds, 1e-4))
+        return 2 + math.ceil(2 * self.beat_s / max(self.step_seconds, 1e-4))

@@ -2,9 +2,10 @@
 process is the only holder of any state the job needs (issue 29).
 
 Every operation the elastic protocol and torch's process groups use maps onto one etcd request, or a short
-compare-and-swap loop: ``set`` is a put, ``check`` and ``get`` are (linearizable) ranges, ``compare_set`` is a
-transaction, ``add`` a transaction on the key's revision, retried when another client got in first. A ``get`` of a
-key not yet set waits for it, as a TCPStore's does (torch's gloo rendezvous relies on that).
+compare-and-swap loop: ``set`` is a put, ``check`` and ``get`` are (linearizable) ranges (a ``check`` of several
+keys one read-only transaction), ``compare_set`` is a transaction, ``add`` a transaction on the key's revision,
+retried when another client got in first. A ``get`` of a key not yet set waits for it, as a TCPStore's does (torch's
+gloo rendezvous relies on that), and so does ``wait``: with a watch, not a poll (gradsync/elastic/etcd_watch.py).
 
 The client speaks plain HTTP/1.1 with keep-alive (etcd serves its JSON gateway on the client port), one connection
 per thread, and goes on to the next endpoint when one fails: a lost etcd member costs a request's timeout once, not
@@ -31,11 +32,12 @@ from typing import Any
 
 import torch.distributed as dist
 
+from gradsync.elastic.etcd_watch import wait_until_put
 from gradsync.errors import ConfigError, GradsyncError
-from gradsync.polling import wait_until
 from gradsync.runtime.endpoints import etcd_members, split
 
 REQUEST_S = 2.0  # one request to one member; a member that does not answer within this is skipped
+TXN_OPS = 128  # etcd's --max-txn-ops default: the most comparisons one transaction may hold
 UNAVAILABLE_S = 10.0  # an operation that no member could serve for this long fails, naming the cluster
 
 
@@ -115,11 +117,16 @@ class EtcdClient:
     def _index(self) -> int:
         return getattr(self._local, "index", 0)
 
+    def new_connection(self, timeout: float) -> http.client.HTTPConnection:
+        """A connection of its own to the member this thread uses now: for one request's, or a watch's stream."""
+        endpoint = self.endpoints[self._index()]
+        host, port = split(endpoint, endpoint)
+        return http.client.HTTPConnection(host, port, timeout=timeout)
+
     def _post(self, endpoint: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
         connection = getattr(self._local, "connection", None)
         if connection is None:
-            host, port = split(endpoint, endpoint)
-            connection = http.client.HTTPConnection(host, port, timeout=self.request_s)
+            connection = self.new_connection(self.request_s)
             self._local.connection = connection
         connection.request("POST", path, json.dumps(body), {"Content-Type": "application/json"})
         response = connection.getresponse()
@@ -182,26 +189,35 @@ class EtcdStore(dist.Store):
         self.client.call("/v3/kv/put", {"key": self._key(key), "value": _b64(value)})
 
     def check(self, keys: list[str]) -> bool:
-        return all(self._range(k) is not None for k in keys)
+        """Whether every key is set: one request for one key, one read-only transaction (no raft write) per
+        ``TXN_OPS`` keys for more, as a round's leader asks of every member at once."""
+        if len(keys) == 1:
+            return self._range(keys[0]) is not None
+        for first in range(0, len(keys), TXN_OPS):
+            exists = [
+                {"key": self._key(k), "target": "CREATE", "result": "GREATER", "create_revision": "0"}
+                for k in keys[first : first + TXN_OPS]
+            ]
+            if not self.client.call("/v3/kv/txn", {"compare": exists}).get("succeeded"):
+                return False
+        return True
 
     def get(self, key: str) -> bytes:
-        """The value of ``key``, waiting for it to be set (at most the store's timeout), as a TCPStore does."""
-        found: list[dict[str, Any]] = []
-
-        def present() -> bool:
-            kv = self._range(key)
-            if kv is not None:
-                found.append(kv)
-            return kv is not None
-
-        if not wait_until(present, self._wait.total_seconds(), pause=0.002, max_pause=0.05):
-            raise dist.DistStoreError(f"{self!r}: timed out after {self._wait} waiting for key {key!r}")
-        return base64.b64decode(found[0].get("value", ""))
+        """The value of ``key``, waiting for it to be set (at most the store's timeout), as a TCPStore does: one
+        request if it is set, else a watch until it is (gradsync/elastic/etcd_watch.py), not a poll."""
+        deadline = time.monotonic() + self._wait.total_seconds()
+        while (kv := self._range(key)) is None:
+            if not wait_until_put(self.client.call, self.client.new_connection, self._key(key), deadline):
+                raise dist.DistStoreError(f"{self!r}: timed out after {self._wait} waiting for key {key!r}")
+        return base64.b64decode(kv.get("value", ""))
 
     def wait(self, keys: list[str], timeout: datetime.timedelta | None = None) -> None:
+        """Until every key is set (a watch on each one missing), or ``timeout`` (the store's by default)."""
         seconds = (timeout or self._wait).total_seconds()
-        if not wait_until(lambda: self.check(keys), seconds, pause=0.002, max_pause=0.05):
-            raise dist.DistStoreError(f"{self!r}: timed out after {seconds:.0f}s waiting for keys {keys}")
+        deadline = time.monotonic() + seconds
+        for key in keys:
+            if not wait_until_put(self.client.call, self.client.new_connection, self._key(key), deadline):
+                raise dist.DistStoreError(f"{self!r}: timed out after {seconds:.0f}s waiting for keys {keys}")
 
     def add(self, key: str, amount: int) -> int:
         """Adds ``amount`` to the counter at ``key`` (0 if unset) and returns the new value, atomically: a

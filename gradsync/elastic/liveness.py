@@ -1,12 +1,14 @@
 """Which members are alive, as one worker sees it: heartbeats on the job's store, and exits reported by launchers.
 
-A heartbeat is a counter each worker bumps every ``HEARTBEAT_S`` from a thread with its own store connection (it
-never shares a client with the training thread). A member whose counter the observer has *seen* stand still for
-``timeout`` seconds of its own clock is dead (no clock is compared across hosts): the time between its last move
-and the observer's latest reading, so that a spell in which the observer could not read the store (an etcd
-election, its own link down), when the member's beats could not land either, counts against no one. A worker that
-exits is reported at once by its launcher (``exited/<member>``, :func:`mark_exited`), so a killed process costs no
-heartbeat timeout.
+A heartbeat is a counter each worker sets every ``HEARTBEAT_S`` from a thread with its own store connection (it
+never shares a client with the training thread). The worker is the counter's only writer, so a plain set does: on
+etcd one put, where an ``add`` is a read and a transaction (two requests, measured in docs/scaling.md). A member
+whose counter the observer has *seen* stand still for ``timeout`` seconds of its own clock is dead (no clock is
+compared across hosts): the time between its last move and the observer's latest reading, so that a spell in which
+the observer could not read the store (an etcd election, its own link down), when the member's beats could not land
+either, counts against no one. A worker that exits is reported at once by its launcher (:func:`mark_exited`:
+``exited/<member>``, and -1 in its counter, which is all its watcher reads), so a killed process costs no heartbeat
+timeout.
 
 In a round each member watches one other, the next in rank order (a ring), so the store serves O(N) heartbeat
 reads, not O(N^2): the watcher says when its member is gone (``on_gone``), for everyone. A member is watched by more
@@ -25,12 +27,33 @@ import torch.distributed as dist
 from gradsync.elastic import keys
 from gradsync.elastic.job_store import StoreHealth
 
-HEARTBEAT_S = 0.25
+HEARTBEAT_S = 0.25  # a member's beat in a round of up to BEATS_PER_S * HEARTBEAT_S members
+# The job's beats a second at most, every member's together, so that the store's load stops growing with N past
+# 250 members: at 1,024 each member beats every 1.02 s (docs/scaling.md measures both stores at 256 and 1,024).
+BEATS_PER_S = 1000.0
+SUSPECT_BEATS = 4  # a member silent this many beats while a round is decided is not waited for (rounds.py)
+
+
+def beat_interval(members: int, timeout: float) -> float:
+    """Seconds between a member's beats in a round of ``members``: ``HEARTBEAT_S`` up to 250 members, then
+    longer, so that the job beats ``BEATS_PER_S`` times a second at most, but never over a fifth of ``timeout``
+    (a watcher reads its member five times at least before it calls it dead).
+
+    >>> beat_interval(16, 10.0), beat_interval(1024, 10.0), beat_interval(100_000, 10.0)
+    (0.25, 1.024, 2.0)
+    """
+    return max(HEARTBEAT_S, min(members / BEATS_PER_S, timeout / 5))
+
+
 _EXITED = -1  # the counter recorded for a member its launcher saw exit
 
 
 def mark_exited(store: dist.Store, member: int) -> None:
+    """A launcher saw ``member``'s process exit: for a round's leader, which asks about each candidate once
+    (``exited/<member>``), and for the member watching it, which reads only the counter (the process is gone, so
+    no beat of its own can follow)."""
     store.set(keys.exited(member), "1")
+    store.set(keys.beat(member), str(_EXITED))
 
 
 @dataclass(frozen=True)
@@ -64,21 +87,22 @@ class Liveness:
         self._watched: list[int] = []
         self._told: set[int] = set()  # members on_gone was called for
         self.health = StoreHealth()  # this thread's store operations, judged: is the store lost?
+        self.interval = HEARTBEAT_S  # between beats: beat_interval of the round's members, once one formed
         self._stop = threading.Event()
         self._beat = threading.Thread(target=self._heartbeat, args=(store,), name="gradsync-heartbeat")
         self._beat.daemon = True
         self._beat.start()
 
     def _heartbeat(self, store: dist.Store) -> None:
-        """Bump this worker's counter and read the watched members' counters, every ``HEARTBEAT_S``."""
-        while not self._stop.wait(HEARTBEAT_S):
+        """Bump this worker's counter and read the watched members' counters, every ``interval``."""
+        beats = 0
+        while not self._stop.wait(self.interval):
             began = time.monotonic()
             try:
-                store.add(keys.beat(self.me), 1)
+                beats += 1
+                store.set(keys.beat(self.me), str(beats))
                 for member in list(self._watched):
-                    self._observe(member, int(store.add(keys.beat(member), 0)))
-                    if store.check([keys.exited(member)]):  # its launcher saw it exit: no need to wait
-                        self._seen[member] = _Seen(_EXITED, float("-inf"), 0.0)
+                    self._observe(member, int(store.add(keys.beat(member), 0)))  # 0 if it never beat yet
                     self._tell_if_gone(member)
                 if self._on_beat is not None:
                     self._on_beat(store)
@@ -93,6 +117,9 @@ class Liveness:
 
     def _observe(self, member: int, count: int) -> None:
         now = time.monotonic()
+        if count == _EXITED:  # its launcher saw it exit: no need to wait
+            self._seen[member] = _Seen(_EXITED, float("-inf"), 0.0)
+            return
         last = self._seen.get(member)
         if last is None or last.count not in (count, _EXITED):
             self._seen[member] = _Seen(count, now, now)
@@ -100,7 +127,9 @@ class Liveness:
             self._seen[member] = _Seen(count, last.moved, now)
 
     def watch_only(self, members: list[int]) -> None:
-        """A round formed with ``members`` (in rank order): watch the one after this worker, with a fresh timeout."""
+        """A round formed with ``members`` (in rank order): watch the one after this worker, with a fresh timeout,
+        beating at the round's ``beat_interval``."""
+        self.interval = beat_interval(len(members), self.timeout)
         ring = members if self.me in members else [*members, self.me]
         successor = ring[(ring.index(self.me) + 1) % len(ring)]
         self._watched = [successor] if successor != self.me else []

@@ -116,7 +116,8 @@ class Membership:
         self.round = Round(number, members, self.me)
         self.liveness.watch_only(members)
         self.store.set(keys.joined(self.me), "1")
-        self._admission = (self.round, Admission(int(self.store.get(keys.requests(number)))))
+        requests = int(self.store.get(keys.requests(number)))
+        self._admission = (self.round, Admission(requests, beat_s=self.liveness.interval))
         return self.round
 
     def request_to_join(self) -> None:

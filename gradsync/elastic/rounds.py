@@ -10,6 +10,7 @@ is skipped. A joiner registers for the round after the latest formed, until one 
 
 from __future__ import annotations
 
+import datetime
 import json
 import time
 from dataclasses import dataclass
@@ -19,13 +20,12 @@ import torch.distributed as dist
 from gradsync.elastic import keys
 from gradsync.elastic.errors import JobFinished, MembershipChanged
 from gradsync.elastic.job_status import job_done, job_running
-from gradsync.elastic.liveness import HEARTBEAT_S, Liveness
+from gradsync.elastic.liveness import SUSPECT_BEATS, Liveness
 from gradsync.elastic.timeouts import Timeouts
 from gradsync.errors import GradsyncError
 from gradsync.polling import wait_until
 
 SETTLE_S = 1.0
-SUSPECT_S = 4 * HEARTBEAT_S  # a member silent this long while a round is decided is not waited for
 
 
 @dataclass(frozen=True)
@@ -114,15 +114,18 @@ class Rounds:
         gone = {m for m in wanted if self._store.check([keys.exited(m)]) or self._store.check([keys.lost(m)])}
         alive = lambda m: m not in gone and self._liveness.alive(m)  # noqa: E731
         # A live member may be inside a collective that fails only at the group's timeout: wait for it that long.
-        # Not for one whose heartbeat stood still for SUSPECT_S while the others registered: a round is being
+        # Not for one whose heartbeat stood still for SUSPECT_BEATS beats while the others registered: a round is being
         # decided because something failed, and a live member's heartbeat thread beats even inside a collective.
         # So a host lost whole (no launcher left to report the exit) costs a second, not the heartbeat timeout. A
         # live member wrongly left out joins again in-process.
-        awaited = lambda m: alive(m) and self._liveness.still_for(m) < SUSPECT_S  # noqa: E731
-        live_registered = lambda: all(registered(m) for m in wanted if awaited(m))  # noqa: E731
+        suspect_s = SUSPECT_BEATS * self._liveness.interval
+        awaited = lambda m: alive(m) and self._liveness.still_for(m) < suspect_s  # noqa: E731
+        # One request a look, whatever the members (a TCPStore checks a list of keys at once), not one a member.
+        live_registered = lambda: self._all_registered(number, [m for m in wanted if awaited(m)])  # noqa: E731
         wait_until(live_registered, SETTLE_S + self._timeouts.collective, pause=0.005, max_pause=0.02)
         # Registered and still alive: a worker killed after registering (its launcher reported it) is left out.
-        members = [m for m in wanted if registered(m) and alive(m)]
+        everyone = self._all_registered(number, wanted)
+        members = [m for m in wanted if (everyone or registered(m)) and alive(m)]
         for vanished in set(joiners) - set(members):  # asked to join, then vanished: stop waiting for it
             self._store.set(keys.joined(vanished), "expired")
         self._store.set(keys.members(number), json.dumps(self._most_committed_first(number, members, current)))
@@ -144,6 +147,9 @@ class Rounds:
     def _registered(self, number: int, member: int) -> bool:
         return self._store.check([keys.registered(number, member)])
 
+    def _all_registered(self, number: int, members: list[int]) -> bool:
+        return not members or self._store.check([keys.registered(number, m) for m in members])
+
     def _arrived(self) -> int:
         return int(self._store.add(keys.SEQUENCE, 0))
 
@@ -151,11 +157,27 @@ class Rounds:
         return int(self._store.get(keys.CURRENT_ROUND)) if job_running(self._store) else 0
 
     def _wait_for(self, key: str, seconds: float, give_up: str | None = None) -> list[int]:
+        """The member list at ``key``, once the round's leader wrote it; a joiner gives up once ``give_up`` is
+        set (e.g. "done": the members finished)."""
+        listed = self._set_within(key, seconds) if give_up is None else self._polled(key, give_up, seconds)
+        if not listed:
+            raise MembershipChanged(f"no member list at {key} within {seconds:.0f}s: the round's leader died")
+        return json.loads(self._store.get(key))
+
+    def _set_within(self, key: str, seconds: float) -> bool:
+        """The store waits: a TCPStore answers once the key is set, with no request meanwhile. N members polling
+        every 20 ms were 50 N requests a second while the leader decided, and at 1,024 ranks kept it from
+        deciding in time (docs/scaling.md)."""
+        try:
+            self._store.wait([key], datetime.timedelta(seconds=seconds))
+        except dist.DistStoreError:  # its timeout
+            return False
+        return True
+
+    def _polled(self, key: str, give_up: str, seconds: float) -> bool:
         def listed() -> bool:
-            if give_up and self._store.check([give_up]):  # e.g. "done": the members finished
+            if self._store.check([give_up]):
                 raise JobFinished("the job finished before this worker could join")
             return self._store.check([key])
 
-        if not wait_until(listed, seconds, max_pause=0.02):
-            raise MembershipChanged(f"no member list at {key} within {seconds:.0f}s: the round's leader died")
-        return json.loads(self._store.get(key))
+        return wait_until(listed, seconds, max_pause=0.02)
