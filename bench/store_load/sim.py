@@ -122,7 +122,7 @@ def host(plan: Plan, count: int, barrier, loss_at, out) -> None:  # noqa: ANN001
     _in_threads([lambda m=m: m.first_round(plan.total) for m, _ in ranks])
     summary.first_round_s = time.monotonic() - began
     barrier.wait()
-    summary.window, cpu, http = _steady(plan, summary, ranks)
+    summary.window, cpu, http = _steady(plan, ranks)
     barrier.wait()
     _regroup(plan, summary, ranks, loss_at)
     stop.set()
@@ -132,7 +132,7 @@ def host(plan: Plan, count: int, barrier, loss_at, out) -> None:  # noqa: ANN001
     out.send(summary)
 
 
-def _steady(plan: Plan, summary: HostSummary, ranks: list) -> tuple[tuple[float, float], float, int]:  # noqa: ARG001
+def _steady(plan: Plan, ranks: list) -> tuple[tuple[float, float], float, int]:
     """Training steps of ``STEP_S``: each rank's step boundary (no store operation: it lets rank 0's heartbeat
     thread look for join requests, as a training rank's does once it knows its step time)."""
     start, cpu, http = time.monotonic(), time.process_time(), _http_calls[0]

@@ -12,8 +12,10 @@ import ipaddress
 import socket
 import struct
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from gradsync.doctor.job import GLOO_IFNAME_VARIABLE, Job
 from gradsync.doctor.result import Result
@@ -24,6 +26,7 @@ from gradsync.runtime.run_flags import RDZV_PORT
 RESOLVE_S = 2.0  # a name lookup that takes longer is reported as unanswered (a resolver can hang for 30 s)
 _SIOCGIFADDR = 0x8915  # Linux's ioctl for an interface's IPv4 address
 _IFF_UP = 0x1
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -78,19 +81,26 @@ def _ipv6_addresses() -> dict[str, list[str]]:
     return found
 
 
-def resolve(host: str, timeout: float = RESOLVE_S) -> list[str] | None:
-    """The addresses ``host`` resolves to; [] if it does not resolve, None if the lookup took over ``timeout``."""
-    answer: list[list[str]] = []
-
-    def lookup() -> None:
-        try:
-            answer.append(sorted({str(info[4][0]) for info in socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)}))
-        except (OSError, UnicodeError):
-            answer.append([])
-
-    worker = threading.Thread(target=lookup, daemon=True)  # daemon: a hung lookup must not hold the exit
+def bounded(lookup: Callable[[], T], timeout: float) -> list[T]:
+    """``[lookup()]``, or ``[]`` if it took over ``timeout``: a resolver can hang for 30 s. It runs on a daemon
+    thread, so that a hung lookup does not hold the exit."""
+    answer: list[T] = []
+    worker = threading.Thread(target=lambda: answer.append(lookup()), daemon=True)
     worker.start()
     worker.join(timeout)
+    return answer
+
+
+def resolve(host: str, timeout: float = RESOLVE_S) -> list[str] | None:
+    """The addresses ``host`` resolves to; [] if it does not resolve, None if the lookup took over ``timeout``."""
+
+    def lookup() -> list[str]:
+        try:
+            return sorted({str(info[4][0]) for info in socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)})
+        except (OSError, UnicodeError):
+            return []
+
+    answer = bounded(lookup, timeout)
     return answer[0] if answer else None
 
 

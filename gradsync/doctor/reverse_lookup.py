@@ -12,11 +12,10 @@ from __future__ import annotations
 
 import ipaddress
 import socket
-import threading
 import time
 
 from gradsync.doctor.job import Job
-from gradsync.doctor.network import interfaces, resolve
+from gradsync.doctor.network import bounded, interfaces, resolve
 from gradsync.doctor.result import Result
 from gradsync.errors import ConfigError
 from gradsync.runtime.endpoints import split
@@ -29,20 +28,17 @@ SLOW_S = 0.5  # one that takes longer stalls the store for that long at each con
 def lookup_seconds(address: str, timeout: float | None = None) -> float | None:
     """How long a reverse lookup of ``address`` took (answered or refused); None if still unanswered at
     ``timeout`` (default ``LOOKUP_S``)."""
-    done: list[float] = []
 
-    def lookup() -> None:
+    def lookup() -> float:
         began = time.monotonic()
         try:
             socket.getnameinfo((address, 0), socket.NI_NUMERICSERV)  # as torch asks
         except (OSError, UnicodeError):
             pass  # refused: torch prints the address, at once
-        done.append(time.monotonic() - began)
+        return time.monotonic() - began
 
-    worker = threading.Thread(target=lookup, daemon=True)  # daemon: a hung lookup must not hold the exit
-    worker.start()
-    worker.join(LOOKUP_S if timeout is None else timeout)
-    return done[0] if done else None
+    took = bounded(lookup, LOOKUP_S if timeout is None else timeout)
+    return took[0] if took else None
 
 
 def _addresses(job: Job) -> list[str]:

@@ -94,7 +94,7 @@ class Liveness:
         self._beat.start()
 
     def _heartbeat(self, store: dist.Store) -> None:
-        """Bump this worker's counter and read the watched members' counters, every ``interval``."""
+        """Set this worker's counter and read the watched members' counters, every ``interval``."""
         beats = 0
         while not self._stop.wait(self.interval):
             began = time.monotonic()

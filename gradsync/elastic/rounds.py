@@ -114,10 +114,11 @@ class Rounds:
         gone = {m for m in wanted if self._store.check([keys.exited(m)]) or self._store.check([keys.lost(m)])}
         alive = lambda m: m not in gone and self._liveness.alive(m)  # noqa: E731
         # A live member may be inside a collective that fails only at the group's timeout: wait for it that long.
-        # Not for one whose heartbeat stood still for SUSPECT_BEATS beats while the others registered: a round is being
-        # decided because something failed, and a live member's heartbeat thread beats even inside a collective.
-        # So a host lost whole (no launcher left to report the exit) costs a second, not the heartbeat timeout. A
-        # live member wrongly left out joins again in-process.
+        # Not for one whose heartbeat stood still for SUSPECT_BEATS beats while the others registered: a round is
+        # being decided because something failed, and a live member's heartbeat thread beats even inside a
+        # collective. So a host lost whole (no launcher left to report the exit) costs a second (4 s at 1,024
+        # members, whose beat is slower), not the heartbeat timeout. A live member wrongly left out joins again
+        # in-process.
         suspect_s = SUSPECT_BEATS * self._liveness.interval
         awaited = lambda m: alive(m) and self._liveness.still_for(m) < suspect_s  # noqa: E731
         # One request a look, whatever the members (a TCPStore checks a list of keys at once), not one a member.
