@@ -44,12 +44,16 @@ def launch_on(host, first, out: Path, env_extra: dict[str, str], store: str | No
     )
 
 
-def launch_on_loopback(out: Path, store: str, env_extra: dict[str, str], nproc: int = 2) -> subprocess.Popen:
-    """One launcher with ``nproc`` workers on this host's loopback, the job's store on the etcd cluster ``store``."""
+def launch_on_loopback(
+    out: Path, store: str, env_extra: dict[str, str], nproc: int = 2, rdzv_conf: str = ""
+) -> subprocess.Popen:
+    """One launcher with ``nproc`` workers on this host's loopback, the job's store on the etcd cluster ``store``
+    (reached as ``rdzv_conf`` says: TLS files, a user)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RANK", "WORLD_SIZE", "MASTER_", "LOCAL_"))}
     env.update(GLOO_SOCKET_IFNAME="lo", GRADSYNC_HOST="h0", PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", **env_extra)
     argv = [sys.executable, "-m", "gradsync", "run", "--elastic", "--nnodes", "1", "--nproc-per-node", str(nproc)]
     argv += ["--max-restarts", "2", "--store", store, "--rdzv-id", f"loopback-{out.name}-{os.getpid()}"]
+    argv += ["--rdzv-conf", rdzv_conf] if rdzv_conf else []
     argv += [str(ROOT / "tests" / "scripts" / "elastic_train.py"), str(out)]
     return subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 

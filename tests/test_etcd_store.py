@@ -15,7 +15,8 @@ import pytest
 import torch.distributed as dist
 
 from gradsync.elastic import keys
-from gradsync.elastic.etcd_store import EtcdStore, EtcdUnavailable, parse_endpoints
+from gradsync.elastic.etcd_client import EtcdUnavailable
+from gradsync.elastic.etcd_store import EtcdStore, parse_endpoints
 from gradsync.elastic.job_store import StoreHealth, gone_now
 from gradsync.elastic.liveness import mark_exited
 from gradsync.elastic.membership import Membership

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from bench.store_load.pattern import largest_gap, steady_pattern
 from bench.store_load.recording import Op, RecordingStore
 from gradsync.elastic import job_store
-from gradsync.elastic.etcd_store import EtcdClient
+from gradsync.elastic.etcd_client import EtcdClient
 from gradsync.elastic.liveness import mark_exited
 from gradsync.elastic.membership import Membership
 from gradsync.elastic.timeouts import Timeouts

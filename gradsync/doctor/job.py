@@ -29,6 +29,7 @@ class Job:
     endpoint: str | None = None  # HOST:PORT of the rendezvous store; None: one node, on a free port it picks
     local_addr: str | None = None
     store: str | None = None  # --store etcd://...
+    store_conf: str = ""  # --rdzv-conf, with --store: how to reach etcd (TLS files, user: gradsync/runtime/etcd_access.py)
     elastic: bool = False
     job_name: str = "none"  # --rdzv-id
     gloo_ifname: str | None = None
@@ -55,6 +56,7 @@ def parse(argv: Sequence[str], environ: dict[str, str] | None = None) -> tuple[J
         endpoint=_endpoint(args),
         local_addr=args.local_addr,
         store=args.store,
+        store_conf=args.rdzv_conf,
         elastic=args.elastic,
         job_name=args.rdzv_id,
         gloo_ifname=environ.get(GLOO_IFNAME_VARIABLE) or None,

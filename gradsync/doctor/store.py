@@ -9,10 +9,13 @@ import time
 from gradsync.doctor.job import Job
 from gradsync.doctor.network import interfaces, resolve
 from gradsync.doctor.result import Result
-from gradsync.elastic.etcd_store import EtcdClient, EtcdUnavailable, parse_endpoints
+from gradsync.elastic.etcd_client import EtcdClient, EtcdUnavailable
+from gradsync.elastic.etcd_refusal import EtcdRefused
+from gradsync.elastic.etcd_store import parse_endpoints
 from gradsync.errors import ConfigError
-from gradsync.runtime import store_server
+from gradsync.runtime import etcd_access, store_server
 from gradsync.runtime.endpoints import join, split
+from gradsync.runtime.etcd_access import EtcdAccess
 from gradsync.runtime.run_flags import RDZV_PORT
 
 CONNECT_S = 2.0  # one TCP connect or one etcd request
@@ -87,15 +90,20 @@ def _answers(host: str, port: int) -> Result:
 
 
 def check_etcd(job: Job) -> Result:
-    """Each etcd member's status, through the job's own client; the job needs a majority with a leader."""
+    """Each etcd member's status, through the job's own client (its TLS settings and user); the job needs a
+    majority with a leader."""
     name = "etcd store"
     if job.store is None:
         return Result(name, "skip", "no --store: the rendezvous host's launcher serves the job's store")
     try:
         endpoints, _ = parse_endpoints(job.store)
+        access = etcd_access.from_flags(job.store, job.store_conf)
     except ConfigError as exc:
         return Result(name, "fail", exc.message, "give the members as etcd://HOST:PORT,HOST:PORT,...")
-    answers = {endpoint: _member_status(endpoint) for endpoint in endpoints}
+    answers = {endpoint: _member_status(endpoint, access) for endpoint in endpoints}
+    refused = [what for endpoint, (_, what) in answers.items() if what.startswith("refused this client")]
+    if refused:
+        return Result(name, "fail", "; ".join(refused), "fix what it names; the job's clients would be refused too")
     detail = "; ".join(f"{endpoint}: {what}" for endpoint, (_, what) in answers.items())
     serving = sum(healthy for healthy, _ in answers.values())
     if serving == len(endpoints):
@@ -106,11 +114,13 @@ def check_etcd(job: Job) -> Result:
     return Result(name, "fail", f"{detail} (no majority serves: the job cannot coordinate)", fix)
 
 
-def _member_status(endpoint: str) -> tuple[bool, str]:
+def _member_status(endpoint: str, access: EtcdAccess) -> tuple[bool, str]:
     """(whether the member serves with a leader, what it said): one request, tried once."""
-    client = EtcdClient([endpoint], request_s=CONNECT_S, unavailable_s=0.0)
+    client = EtcdClient([endpoint], request_s=CONNECT_S, unavailable_s=0.0, access=access)
     try:
         status = client.call("/v3/maintenance/status", {})
+    except EtcdRefused as exc:
+        return False, f"refused this client: {exc}"
     except EtcdUnavailable as exc:
         return False, "refused the connection" if exc.all_refused else f"no answer within {CONNECT_S:g}s, or an error"
     version = status.get("version", "?")

@@ -7,11 +7,11 @@ keys one read-only transaction), ``compare_set`` is a transaction, ``add`` a tra
 retried when another client got in first. A ``get`` of a key not yet set waits for it, as a TCPStore's does (torch's
 gloo rendezvous relies on that), and so does ``wait``: with a watch, not a poll (gradsync/elastic/etcd_watch.py).
 
-The client speaks plain HTTP/1.1 with keep-alive (etcd serves its JSON gateway on the client port), one connection
-per thread, and goes on to the next endpoint when one fails: a lost etcd member costs a request's timeout once, not
-every request. The one dependency this needs is etcd itself (Debian's etcd-server 3.4; the gateway is at ``/v3/``
-since 3.4). torch's own EtcdStore (torch/distributed/elastic/rendezvous/etcd_store.py) speaks etcd's v2 API through
-python-etcd, which is unmaintained and which etcd 3.4 no longer serves by default.
+Its client (gradsync/elastic/etcd_client.py) speaks HTTP/1.1, or HTTPS with a CA, a client certificate and an etcd user
+where the cluster wants them, and fails over between the members. The one dependency this needs is etcd itself (Debian's
+etcd-server 3.4; the gateway is at ``/v3/`` since 3.4). torch's own EtcdStore
+(torch/distributed/elastic/rendezvous/etcd_store.py) speaks etcd's v2 API through python-etcd, which is unmaintained and
+which etcd 3.4 no longer serves by default.
 
     >>> store = EtcdStore(["127.0.0.1:2379"], prefix="gradsync/job-1/")  # doctest: +SKIP
     >>> store.set("a", "1"); store.add("n", 2); store.get("a")  # doctest: +SKIP
@@ -22,33 +22,21 @@ from __future__ import annotations
 
 import base64
 import datetime
-import http.client
-import json
 import socket
-import threading
 import time
 from collections.abc import Sequence
 from typing import Any
 
 import torch.distributed as dist
 
+from gradsync.elastic.etcd_client import UNAVAILABLE_S, EtcdClient
 from gradsync.elastic.etcd_watch import wait_until_put
-from gradsync.errors import ConfigError, GradsyncError
+from gradsync.errors import ConfigError
+from gradsync.runtime import etcd_access
 from gradsync.runtime.endpoints import etcd_members, split
+from gradsync.runtime.etcd_access import EtcdAccess
 
-REQUEST_S = 2.0  # one request to one member; a member that does not answer within this is skipped
 TXN_OPS = 128  # etcd's --max-txn-ops default: the most comparisons one transaction may hold
-UNAVAILABLE_S = 10.0  # an operation that no member could serve for this long fails, naming the cluster
-
-
-class EtcdUnavailable(GradsyncError):
-    """No etcd member served a request for ``UNAVAILABLE_S``: the cluster lost its quorum, or this host its link.
-    ``all_refused``: every member's host refused the connection: no member runs. (A member that answers without a
-    quorum tells nothing more: it may be this host's own member, cut off with it.)"""
-
-    def __init__(self, message: str, all_refused: bool) -> None:
-        super().__init__(message)
-        self.all_refused = all_refused
 
 
 def _b64(data: bytes | str) -> str:
@@ -65,92 +53,11 @@ def _key_end(prefix: bytes) -> bytes:
     return b"\0"
 
 
-class EtcdClient:
-    """POSTs to etcd's JSON gateway, failing over between ``endpoints`` (``host:port``)."""
-
-    def __init__(self, endpoints: Sequence[str], request_s: float = REQUEST_S, unavailable_s: float = UNAVAILABLE_S):
-        if not endpoints:
-            raise GradsyncError("an etcd store needs at least one endpoint (host:port), e.g. etcd://node0:2379")
-        self.endpoints = list(endpoints)
-        self.request_s = request_s
-        self.unavailable_s = unavailable_s
-        self._local = threading.local()  # per thread: (endpoint index, connection)
-        # Since when no request was served, once one failed: the next tries each member once, not for unavailable_s.
-        self._down_since: float | None = None
-
-    def call(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        """One request, answered by whichever member can; retried across members until ``unavailable_s`` (once
-        the cluster was found unavailable, each member is tried once: a worker stopping says so without waiting
-        ``unavailable_s`` again on each of its last operations)."""
-        start = time.monotonic()
-        deadline = start + (0.0 if self._down_since is not None else self.unavailable_s)
-        tries = 0
-        errors: dict[str, str] = {}
-        refused: set[str] = set()
-        while True:
-            endpoint = self.endpoints[self._index()]
-            tries += 1
-            try:
-                answer = self._post(endpoint, path, body)
-                self._down_since = None
-                return answer
-            except (OSError, http.client.HTTPException, _Retry) as exc:
-                errors[endpoint] = str(exc) or type(exc).__name__
-                if isinstance(exc, ConnectionRefusedError):
-                    refused.add(endpoint)
-                else:
-                    refused.discard(endpoint)
-                self._drop_connection()
-                self._local.index = (self._index() + 1) % len(self.endpoints)
-            if time.monotonic() >= deadline and tries >= len(self.endpoints):
-                self._down_since = self._down_since or start
-                tried = "; ".join(f"{e}: {why}" for e, why in errors.items())
-                raise EtcdUnavailable(
-                    f"the etcd cluster {','.join(self.endpoints)} has served no request for "
-                    f"{time.monotonic() - self._down_since:.0f}s (this {path}: {tried}). It has lost its quorum (most "
-                    "of its members are down) or this host cannot reach it; check `etcdctl endpoint health` on the "
-                    "hosts.",
-                    all_refused=refused == set(self.endpoints),
-                )
-            time.sleep(0.05)
-
-    def _index(self) -> int:
-        return getattr(self._local, "index", 0)
-
-    def new_connection(self, timeout: float) -> http.client.HTTPConnection:
-        """A connection of its own to the member this thread uses now: for one request's, or a watch's stream."""
-        endpoint = self.endpoints[self._index()]
-        host, port = split(endpoint, endpoint)
-        return http.client.HTTPConnection(host, port, timeout=timeout)
-
-    def _post(self, endpoint: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        connection = getattr(self._local, "connection", None)
-        if connection is None:
-            connection = self.new_connection(self.request_s)
-            self._local.connection = connection
-        connection.request("POST", path, json.dumps(body), {"Content-Type": "application/json"})
-        response = connection.getresponse()
-        payload = json.loads(response.read() or b"{}")
-        if response.status != 200:
-            # etcd answers 503-like errors while it elects a leader or has none: another member may serve it.
-            raise _Retry(f"HTTP {response.status}: {payload.get('error') or payload.get('message') or payload}")
-        return payload
-
-    def _drop_connection(self) -> None:
-        connection = getattr(self._local, "connection", None)
-        if connection is not None:
-            connection.close()
-        self._local.connection = None
-
-
-class _Retry(Exception):
-    """etcd answered with an error another member (or a later try) may not have."""
-
-
 class EtcdStore(dist.Store):
     """torch's ``Store`` on an etcd cluster; every key lives under ``prefix`` (one job's keys never meet another's).
 
-    ``client``: one shared with other stores of this process (its connections are per thread).
+    ``client``: one shared with other stores of this process (its connections are per thread); else one made
+    with ``access`` (TLS, user: gradsync/runtime/etcd_access.py).
 
     Usable wherever torch takes a store, ``dist.PrefixStore`` and ``init_process_group(store=...)`` included, as
     long as the Python object lives: torch keeps only the C++ half of a store written in Python, whose methods
@@ -163,9 +70,10 @@ class EtcdStore(dist.Store):
         timeout: datetime.timedelta = datetime.timedelta(seconds=60),
         unavailable_s: float = UNAVAILABLE_S,
         client: EtcdClient | None = None,
+        access: EtcdAccess | None = None,
     ) -> None:
         super().__init__()
-        self.client = client or EtcdClient(endpoints, unavailable_s=unavailable_s)
+        self.client = client or EtcdClient(endpoints, unavailable_s=unavailable_s, access=access)
         self.prefix = prefix
         self.set_timeout(timeout)
 
@@ -175,7 +83,8 @@ class EtcdStore(dist.Store):
         self._wait = timeout
 
     def __repr__(self) -> str:
-        return f"EtcdStore(etcd://{','.join(self.client.endpoints)}, prefix={self.prefix!r})"
+        scheme = etcd_access.TLS if self.client.access.tls else etcd_access.PLAIN
+        return f"EtcdStore({scheme}{','.join(self.client.endpoints)}, prefix={self.prefix!r})"
 
     def _key(self, key: str) -> str:
         return _b64(self.prefix + key)
@@ -207,7 +116,7 @@ class EtcdStore(dist.Store):
         request if it is set, else a watch until it is (gradsync/elastic/etcd_watch.py), not a poll."""
         deadline = time.monotonic() + self._wait.total_seconds()
         while (kv := self._range(key)) is None:
-            if not wait_until_put(self.client.call, self.client.new_connection, self._key(key), deadline):
+            if not wait_until_put(self.client, self._key(key), deadline):
                 raise dist.DistStoreError(f"{self!r}: timed out after {self._wait} waiting for key {key!r}")
         return base64.b64decode(kv.get("value", ""))
 
@@ -216,7 +125,7 @@ class EtcdStore(dist.Store):
         seconds = (timeout or self._wait).total_seconds()
         deadline = time.monotonic() + seconds
         for key in keys:
-            if not wait_until_put(self.client.call, self.client.new_connection, self._key(key), deadline):
+            if not wait_until_put(self.client, self._key(key), deadline):
                 raise dist.DistStoreError(f"{self!r}: timed out after {seconds:.0f}s waiting for keys {keys}")
 
     def add(self, key: str, amount: int) -> int:
@@ -262,7 +171,8 @@ class EtcdStore(dist.Store):
 
 
 def parse_endpoints(url: str) -> tuple[list[str], str]:
-    """``etcd://host1:2379,[::1]:2379[/job]`` -> (["host1:2379", "[::1]:2379"], "job"), each member resolved."""
+    """``etcd://host1:2379,[::1]:2379[/job][?query]`` -> (["host1:2379", "[::1]:2379"], "job"), each member
+    resolved."""
     endpoints, job = etcd_members(url)
     for endpoint in endpoints:
         host, port = split(endpoint, endpoint)

@@ -15,19 +15,27 @@ from __future__ import annotations
 import http.client
 import json
 import time
-from collections.abc import Callable
-from typing import Any
-
-_Call = Callable[[str, dict[str, Any]], dict[str, Any]]
-_Connect = Callable[[float], http.client.HTTPConnection]
+from typing import Any, Protocol
 
 
-def wait_until_put(call: _Call, connect: _Connect, key: str, deadline: float) -> bool:
-    """Whether ``key`` (base64, as the gateway takes it) exists by ``deadline`` (monotonic). ``call``: one
-    request, failed over between the members (``EtcdClient.call``); ``connect``: a new connection to a member,
-    with a timeout, for the watch's stream (``EtcdClient.new_connection``)."""
+class Client(Protocol):
+    """What a watch needs of gradsync/elastic/etcd_client.py's ``EtcdClient``."""
+
+    def call(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        """One request, failed over between the members."""
+
+    def new_connection(self, timeout: float) -> http.client.HTTPConnection:
+        """A new connection to a member, with a timeout, for the watch's stream."""
+
+    def headers(self) -> dict[str, str]:
+        """A request's headers (the etcd user's token, if any)."""
+
+
+def wait_until_put(client: Client, key: str, deadline: float) -> bool:
+    """Whether ``key`` (base64, as the gateway takes it) exists by ``deadline`` (monotonic). The range before each
+    watch goes through ``client.call``, which fails over, and renews the token a watch may find expired."""
     while True:
-        answer = call("/v3/kv/range", {"key": key, "keys_only": True})
+        answer = client.call("/v3/kv/range", {"key": key, "keys_only": True})
         if answer.get("kvs"):
             return True
         remaining = deadline - time.monotonic()
@@ -35,17 +43,18 @@ def wait_until_put(call: _Call, connect: _Connect, key: str, deadline: float) ->
             return False
         revision = int(answer.get("header", {}).get("revision", 0)) + 1
         try:
-            if _watched_put(connect(remaining), key, revision):
+            if _watched_put(client.new_connection(remaining), client.headers(), key, revision):
                 return True
         except (OSError, http.client.HTTPException, ValueError):  # the member failed, or the wait timed out
             time.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
 
 
-def _watched_put(connection: http.client.HTTPConnection, key: str, revision: int) -> bool:
-    """Watch ``key`` from ``revision`` until it is put (True) or etcd cancels the watch (False: look again)."""
+def _watched_put(connection: http.client.HTTPConnection, headers: dict[str, str], key: str, revision: int) -> bool:
+    """Watch ``key`` from ``revision`` until it is put (True) or etcd cancels the watch (False: look again; also
+    where the token expired)."""
     try:
         body = {"create_request": {"key": key, "start_revision": str(revision)}}
-        connection.request("POST", "/v3/watch", json.dumps(body), {"Content-Type": "application/json"})
+        connection.request("POST", "/v3/watch", json.dumps(body), headers)
         response = connection.getresponse()
         if response.status != 200:
             raise http.client.HTTPException(f"HTTP {response.status} to a watch")

@@ -15,8 +15,11 @@ import time
 import torch.distributed as dist
 
 from gradsync import settings
-from gradsync.elastic.etcd_store import EtcdClient, EtcdStore, EtcdUnavailable, parse_endpoints
-from gradsync.runtime.endpoints import ETCD_SCHEME, split
+from gradsync.elastic.etcd_client import EtcdClient, EtcdUnavailable
+from gradsync.elastic.etcd_refusal import EtcdRefused
+from gradsync.elastic.etcd_store import EtcdStore, parse_endpoints
+from gradsync.runtime import etcd_access
+from gradsync.runtime.endpoints import etcd_scheme, split
 
 # How a TCPStore client fails once the server's process is gone (the connection closed or reset). A link that is
 # down fails with timeouts instead, and may come back.
@@ -24,16 +27,18 @@ _SERVER_GONE = ("connection was likely closed", "broken pipe", "connection reset
 
 
 def is_etcd(where: str) -> bool:
-    return where.startswith(ETCD_SCHEME)
+    return etcd_scheme(where) is not None
 
 
-def etcd_url(endpoints: str, job: str) -> str:
-    """The worker's view of ``--store etcd://...`` for the job named ``job`` (its keys under ``gradsync/<job>/``)."""
-    return f"{endpoints.rstrip('/')}/{job}"
+def etcd_url(endpoints: str, job: str, rdzv_conf: str = "") -> str:
+    """The worker's view of ``--store etcd://...`` for the job named ``job`` (its keys under ``gradsync/<job>/``),
+    with ``--rdzv-conf``'s TLS files and user in its query (no secret: gradsync/runtime/etcd_access.py)."""
+    access = etcd_access.from_flags(endpoints, rdzv_conf)
+    return etcd_access.with_access(f"{endpoints.rstrip('/')}/{job}", access)
 
 
 def open_store(where: str, timeout: float = 60.0) -> dist.Store:
-    """A client of the job's store: ``host:port`` (a TCPStore) or ``etcd://h1:2379,h2:2379/<job>``."""
+    """A client of the job's store: ``host:port`` (a TCPStore) or ``etcd://h1:2379,h2:2379/<job>[?access]``."""
     return open_stores(where, 1, timeout)[0]
 
 
@@ -44,7 +49,7 @@ def open_stores(where: str, count: int, timeout: float = 60.0) -> list[dist.Stor
     wait = datetime.timedelta(seconds=timeout)
     if is_etcd(where):
         endpoints, job = parse_endpoints(where)
-        client = EtcdClient(endpoints)
+        client = EtcdClient(endpoints, access=etcd_access.from_url(where)[1])
         return [EtcdStore(endpoints, prefix=f"gradsync/{job}/", timeout=wait, client=client) for _ in range(count)]
     host, port = split(where, where)
     return [dist.TCPStore(host, port, is_master=False, timeout=wait) for _ in range(count)]
@@ -52,12 +57,14 @@ def open_stores(where: str, count: int, timeout: float = 60.0) -> list[dist.Stor
 
 def describe(where: str) -> str:
     if is_etcd(where):
-        return f"the job's store on the etcd cluster {where}"
+        return f"the job's store on the etcd cluster {where.partition('?')[0]}"
     return f"the job's store at {where} (served by the launcher on the rendezvous host)"
 
 
 def gone_now(exc: Exception) -> str | None:
     """Why the store is lost for good, judged from one failure, or None if it may be this host's link."""
+    if isinstance(exc, EtcdRefused):
+        return f"it refused this client: {exc}"
     if isinstance(exc, EtcdUnavailable):
         return "every member refused the connection (none runs)" if exc.all_refused else None
     if any(sign in str(exc).lower() for sign in _SERVER_GONE):

@@ -68,7 +68,7 @@ def _store(args: Any) -> tuple[str, dist.TCPStore | None]:
     """(where the workers find the job's store, the store if this launcher serves it: on the endpoint's address
     only, gradsync/runtime/store_server.py)."""
     if args.store:
-        return job_store.etcd_url(args.store, args.rdzv_id), None
+        return job_store.etcd_url(args.store, args.rdzv_id, args.rdzv_conf), None
     host, port = endpoints.split(args.rdzv_endpoint, f"--rdzv-endpoint {args.rdzv_endpoint}", run_flags.RDZV_PORT)
     nodes = run_flags.max_nodes(args.nnodes)
     if not store_server.served_here(host, args.local_addr, elastic=True, nodes=nodes):

@@ -19,6 +19,7 @@ import re
 from gradsync.errors import ConfigError
 
 ETCD_SCHEME = "etcd://"
+ETCD_SCHEMES = (ETCD_SCHEME, "etcd+http://", "etcd+https://")  # the last: TLS (gradsync/runtime/etcd_access.py)
 ETCD_PORT = 2379  # etcd's client port
 _NAME = re.compile(r"^[\w.-]+$")  # a host name or an IPv4 address
 
@@ -68,10 +69,15 @@ def join(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
+def etcd_scheme(url: str) -> str | None:
+    """The etcd scheme ``url`` starts with (``etcd://``, ``etcd+http://``, ``etcd+https://``), or None."""
+    return next((s for s in ETCD_SCHEMES if url.startswith(s)), None)
+
+
 def etcd_members(url: str) -> tuple[list[str], str]:
-    """``etcd://host1:2379,[::1]:2379[/job]`` -> (["host1:2379", "[::1]:2379"], "job"): each member checked as
-    HOST:PORT (the port defaults to etcd's 2379), nothing resolved."""
-    members, _, job = url.removeprefix(ETCD_SCHEME).partition("/")
+    """``etcd://host1:2379,[::1]:2379[/job][?query]`` -> (["host1:2379", "[::1]:2379"], "job"): each member checked
+    as HOST:PORT (the port defaults to etcd's 2379), nothing resolved."""
+    members, _, job = url.removeprefix(etcd_scheme(url) or "").partition("?")[0].partition("/")
     endpoints = []
     for member in (m for m in members.split(",") if m):
         host, port = split(member, f"--store {url}: {member!r}", ETCD_PORT)

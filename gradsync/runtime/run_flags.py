@@ -16,7 +16,8 @@ from collections.abc import Sequence
 from torch.distributed.run import get_args_parser
 
 from gradsync.errors import ConfigError
-from gradsync.runtime.endpoints import ETCD_SCHEME, etcd_members, join, split
+from gradsync.runtime import etcd_access
+from gradsync.runtime.endpoints import etcd_members, etcd_scheme, join, split
 from gradsync.torch_private import privateuse1_backend_name
 
 STATIC, STANDALONE, ELASTIC, ETCD = "static", "--standalone", "--elastic", "--elastic --store"
@@ -42,7 +43,7 @@ UNUSED: dict[str, dict[str, str]] = {
     "master_addr": {STANDALONE: _STANDALONE, ETCD: _ETCD},
     "master_port": {STANDALONE: _STANDALONE, ETCD: _ETCD},
     "rdzv_backend": {STANDALONE: _STANDALONE, ELASTIC: _OWN_STORE, ETCD: _ETCD},
-    "rdzv_conf": {ELASTIC: _OWN_STORE, ETCD: _ETCD},
+    "rdzv_conf": {ELASTIC: _OWN_STORE},  # with --store: how to reach etcd (TLS, user), gradsync/runtime/etcd_access.py
     "rdzv_id": {ELASTIC: _ONE_STORE_EACH},
     "standalone": {ELASTIC: _OWN_STORE, ETCD: _ETCD},
     "node_rank": dict.fromkeys((STATIC, STANDALONE, ELASTIC, ETCD), _RANKED),
@@ -143,12 +144,14 @@ def _check_store(args: argparse.Namespace) -> None:
         return
     if not args.elastic:
         raise ConfigError(f"--store {args.store}: the job's store is elastic's; add --elastic, or drop --store.")
-    if not args.store.startswith(ETCD_SCHEME) or "/" in args.store.removeprefix(ETCD_SCHEME):
+    members = args.store.removeprefix(etcd_scheme(args.store) or "")
+    if etcd_scheme(args.store) is None or "/" in members or "?" in members:
         raise ConfigError(
-            f"--store {args.store}: give the etcd cluster's members, etcd://HOST:PORT,HOST:PORT,... (the job's "
-            "name comes from --rdzv-id)."
+            f"--store {args.store}: give the etcd cluster's members, etcd://HOST:PORT,HOST:PORT,... or "
+            "etcd+https://... (the job's name comes from --rdzv-id; TLS files and the user from --rdzv-conf)."
         )
     etcd_members(args.store)
+    etcd_access.from_flags(args.store, args.rdzv_conf)
     if args.rdzv_id == "none":
         raise ConfigError(
             f"--store {args.store}: name the job with --rdzv-id NAME, the same on every node: its keys live under "
