@@ -5,6 +5,7 @@ restarted worker rejoins so that all three hosts end with identical parameters."
 
 from __future__ import annotations
 
+import shutil
 import sys
 from collections import Counter
 from pathlib import Path
@@ -15,7 +16,7 @@ from gradsync.elastic import ElasticLoader
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from lab import etcd_cluster, netlab  # noqa: E402
+from lab import certs, etcd_cluster, netlab  # noqa: E402
 from lab.elastic import (  # noqa: E402
     HOSTS,
     SAMPLES,
@@ -420,7 +421,7 @@ def _run_on_every_host(lab, tmp_path: Path, out: Path, script_for, env_for) -> N
     procs = []
     for host in lab:
         cwd = tmp_path / f"h{host.index}"
-        cwd.mkdir()
+        cwd.mkdir(exist_ok=True)  # a test may have put files there (the certificates)
         (cwd / "train.py").write_text(_train_script(out))
         env = {k: v for k, v in os.environ.items() if not k.startswith(("RANK", "WORLD_SIZE", "MASTER_"))}
         env.update(GLOO_SOCKET_IFNAME=host.interface, EPOCHS="1", PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
@@ -437,6 +438,71 @@ def _run_on_every_host(lab, tmp_path: Path, out: Path, script_for, env_for) -> N
     assert all(p.returncode == 0 for p in procs), "\n----\n".join(log[-2000:] for log in logs)
     ended = finals(out)
     assert len(ended) == HOSTS and len({f["checksum"] for f in ended}) == 1
+
+
+needs_etcdctl = pytest.mark.skipif(
+    (certs.available() or (None if shutil.which("etcdctl") else "etcdctl is not installed (Debian: etcd-client)"))
+    is not None,
+    reason=str(certs.available() or "etcdctl is not installed (Debian: apt-get install etcd-client)"),
+)
+
+
+def _secured_pki(made: certs.Files, folder: Path) -> None:
+    """What docs/elastic.md's secured blocks expect in pki/: the CA, the members' and the client's certificates,
+    the two users' passwords."""
+    pki = folder / "pki"
+    pki.mkdir(parents=True)
+    names = {"ca.crt": made.ca, "server.crt": made.server_cert, "server.key": made.server_key}
+    names |= {"client.crt": made.client_cert, "client.key": made.client_key}
+    for name, path in names.items():
+        shutil.copy(path, pki / name)
+    (pki / "root.password").write_text("root-secret\n")
+    (pki / "trainer.password").write_text("trainer-secret\n")
+
+
+@needs_lab
+@needs_etcd
+@needs_etcdctl
+@pytest.mark.timeout(300)
+def test_the_docs_secured_etcd_blocks_run_as_written(tmp_path: Path) -> None:
+    """docs/elastic.md's secured etcd, its three blocks verbatim: the members over TLS (client and peer, client
+    certificates wanted) on each of three namespace hosts, the users and auth made once with etcdctl, then the job
+    with --store etcd+https:// and torchrun's --rdzv-conf. Every host ends with the same model."""
+    import os
+    import signal
+    import subprocess
+
+    from docs_blocks import block as page_block
+
+    section = "The job's store on a secured etcd"
+    members, users, job = (page_block("docs/elastic.md", "bash", section, i, count=3) for i in range(3))
+    assert "etcd+https://" in job and "password_file=pki/trainer.password" in job and "secret" not in job
+    exports = "\n".join(line for line in users.splitlines() if line.startswith("export "))
+    healthy = "for i in $(seq 150); do etcdctl endpoint health --cluster >/dev/null 2>&1 && exit 0; sleep 0.2; done"
+    out = tmp_path / "out"
+    out.mkdir()
+    with netlab.lab(hosts=HOSTS, rate="1gbit", prefix="gssecure", subnet="10.0.0") as lab:
+        hosts = list(lab)
+        made = certs.make(tmp_path / "made", names=[], addresses=[h.address for h in hosts])
+        etcds = []
+        try:
+            for host in hosts:
+                cwd = tmp_path / f"h{host.index}"
+                _secured_pki(made, cwd)
+                named = ["env", f"NAME=h{host.index}", f"IP={host.address}"]
+                argv = host.command([*named, "bash", "-c", members + "\nwait"])
+                log = open(cwd / "etcd.log", "w")
+                started = subprocess.Popen(argv, cwd=cwd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+                etcds.append(started)
+            for script in (f"{exports}\n{healthy}\nexit 1", users):
+                argv = hosts[0].command(["bash", "-c", script])
+                done = subprocess.run(argv, cwd=tmp_path / "h0", capture_output=True, text=True, timeout=60)
+                assert done.returncode == 0, done.stdout + done.stderr
+            _run_on_every_host(lab, tmp_path, out, lambda host: job, lambda host: {"IP": host.address})
+        finally:
+            for p in etcds:  # etcd and the bash that waits for it, in their own session
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
 
 
 @needs_lab

@@ -29,7 +29,7 @@ class Job:
     endpoint: str | None = None  # HOST:PORT of the rendezvous store; None: one node, on a free port it picks
     local_addr: str | None = None
     store: str | None = None  # --store etcd://...
-    store_conf: str = ""  # --rdzv-conf, with --store: how to reach etcd (TLS files, user: gradsync/runtime/etcd_access.py)
+    store_conf: str = ""  # --rdzv-conf, with --store: TLS files and user (gradsync/runtime/etcd_access.py)
     elastic: bool = False
     job_name: str = "none"  # --rdzv-id
     gloo_ifname: str | None = None
