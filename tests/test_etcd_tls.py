@@ -302,3 +302,10 @@ def test_a_password_from_the_environment_is_read_when_a_token_is_made(monkeypatc
     monkeypatch.delenv(PASSWORD_VARIABLE)
     with pytest.raises(ConfigError, match=f"password_file=PATH in --rdzv-conf, or set {PASSWORD_VARIABLE}"):
         access.password()
+
+
+def test_a_refusal_mid_job_loses_the_store_at_once_with_its_reason() -> None:
+    """A worker's heartbeat refused (its token's renewal failed, say) does not wait out the store-lost timeout:
+    retrying would only meet the same answer."""
+    said = job_store.gone_now(EtcdRefused("etcd user trainer's token expired, and making a new one failed: ..."))
+    assert said is not None and "token expired" in said

@@ -22,6 +22,7 @@ from gradsync.elastic.admission import Admission
 from gradsync.elastic.liveness import BEATS_PER_S, HEARTBEAT_S, Liveness, beat_interval, mark_exited
 from gradsync.elastic.membership import Membership
 from gradsync.elastic.timeouts import Timeouts
+from lab import certs, etcd_cluster
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -137,3 +138,26 @@ def test_the_store_benchmark_checks_its_ranks_against_a_real_one_and_reports(tmp
     assert row["ranks"] == 12 and row["regroup_ok"] and not row["regroup_errors"]
     assert row["largest_beat_gap_s"] < row["heartbeat_timeout_s"] and row["ops_per_s"] > 0
     assert "the real job's heartbeats" in done.stdout
+
+
+@pytest.mark.skipif(
+    (etcd_cluster.available() or certs.available()) is not None,
+    reason=str(etcd_cluster.available() or certs.available()),
+)
+@pytest.mark.timeout(180)
+def test_the_request_cost_benchmark_checks_its_mechanisms_and_reports(tmp_path: Path) -> None:
+    """bench/store_load/request_cost.py: puts moved etcd's revision, keep-alives did not and renewed their lease,
+    the secured cluster refused a client without a user, before any figure is written."""
+    out = tmp_path / "cost.json"
+    argv = [sys.executable, "-m", "bench.store_load.request_cost", "--rate", "200", "--seconds", "1", "--runs", "1"]
+    done = subprocess.run([*argv, "--out", str(out)], cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    rows = json.loads(out.read_text())["summary"]
+    assert {(r["cluster"], r["request"]) for r in rows} == {
+        ("plain http", "put"),
+        ("plain http", "lease keep-alive"),
+        ("TLS, client certificates, a user", "put"),
+        ("TLS, client certificates, a user", "lease keep-alive"),
+        ("TLS, client certificates, a user", "authenticate"),
+    }
+    assert all(r["cpu_ms_per_request"] > 0 and r["rate"] > 0 for r in rows)
