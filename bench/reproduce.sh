@@ -71,6 +71,8 @@ python -m bench.elastic.overhead --ranks 3 8 16 --runs 3
 python -m bench.elastic.overhead --ranks 3 8 --runs 3 --store etcd
 # The job's store at 256 and 1,024 simulated ranks, TCPStore and 3 etcd members (docs/scaling.md).
 python -m bench.store_load --ranks 256 1024 --store tcp etcd --hosts 8 --seconds 15 --phase-timeout 240
+# What one request costs etcd: a beat's put and range, a lease keep-alive, over TLS as a user, a token.
+python -m bench.store_load.request_cost --rate 1000 --seconds 10 --runs 3
 
 # Conformance (docs/migrating.md, docs/errors.md): torch's own DDP tests, and the bad-input sweep.
 python -m conformance.torch_suite --ddp both --start-method fork

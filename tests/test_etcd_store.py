@@ -214,22 +214,3 @@ def test_a_launcher_refuses_the_name_of_a_job_that_finished_there(etcd: etcd_clu
         Job(store, where, hosting=False).refuse_a_finished_name(args)
     Job(open_store(etcd_url(etcd.url, "fresh-job")), "x", hosting=False).refuse_a_finished_name(args)
 
-
-@pytest.mark.timeout(60)
-def test_a_leaders_batched_reads_mean_what_one_read_a_key_means(etcd: etcd_cluster.Cluster) -> None:
-    """gradsync/elastic/batched.py: etcd answers in one transaction per 128 keys what a TCPStore answers key by key."""
-    from gradsync.elastic import batched
-
-    tcp = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
-    on_etcd = _store(etcd, "batched")
-    names = [f"k{i}" for i in range(300)]  # three transactions
-    for store in (tcp, on_etcd):
-        for i in range(0, 300, 7):
-            store.set(names[i], str(i))
-    assert batched.existing(on_etcd, names) == batched.existing(tcp, names) == [i % 7 == 0 for i in range(300)]
-    present = names[::7]
-    assert (
-        batched.values(on_etcd, present) == batched.values(tcp, present) == [str(i).encode() for i in range(0, 300, 7)]
-    )
-    with pytest.raises(dist.DistStoreError, match="no value for keys \\['k1'\\]"):
-        batched.values(on_etcd, ["k0", "k1"])

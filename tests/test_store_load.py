@@ -155,8 +155,10 @@ def test_the_request_cost_benchmark_checks_its_mechanisms_and_reports(tmp_path: 
     rows = json.loads(out.read_text())["summary"]
     assert {(r["cluster"], r["request"]) for r in rows} == {
         ("plain http", "put"),
+        ("plain http", "range"),
         ("plain http", "lease keep-alive"),
         ("TLS, client certificates, a user", "put"),
+        ("TLS, client certificates, a user", "range"),
         ("TLS, client certificates, a user", "lease keep-alive"),
         ("TLS, client certificates, a user", "authenticate"),
     }

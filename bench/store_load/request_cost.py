@@ -1,12 +1,14 @@
-"""What one heartbeat costs a 3-member etcd cluster, by how it is sent: the put a member's beat is now (a raft write
-on every member), the same over TLS as an etcd user (client certificates, a token), and the lease keep-alive a
-lease-based liveness would send instead (issue 41, part 5: etcd answers it on the leader, without a raft write);
-and, on the secured cluster, what one token costs (etcd checks the password with bcrypt: once per process of a job).
+"""What one heartbeat costs a 3-member etcd cluster, by how it is sent: the put a member's beat is now (a raft write on
+every member) and the range its watcher reads, the same over TLS as an etcd user (client certificates, a token), and the
+lease keep-alive a lease-based liveness would send instead (issue 41, part 5: etcd answers it on the leader, without a
+raft write); and, on the secured cluster, what one token costs (etcd checks the password with bcrypt: once per process
+of a job).
 
-Clients (one ``EtcdClient`` each, as each rank has) send at a fixed total rate, the operations take turns, run
-after run; it reports the members' CPU per request (summed over the three), p50/p99 latency and the machine's
-busy share. Before a figure counts it checks its mechanism: puts advanced etcd's revision by as many puts, keep-
-alives advanced nothing and renewed the full TTL, and the secured cluster refused a client without a user.
+Clients (one ``EtcdClient`` each, as each rank has) send at a fixed total rate, the operations take turns, run after
+run; it reports the members' CPU per request (summed over the three, less what they spend idle, measured just before),
+p50/p99 latency and the machine's busy share. Before a figure counts it checks its mechanism: puts advanced etcd's
+revision by as many puts, keep- alives advanced nothing and renewed the full TTL, and the secured cluster refused a
+client without a user.
 
     python -m bench.store_load.request_cost --rate 1000 --seconds 10 --runs 3
 """
@@ -31,6 +33,7 @@ from lab import certs, etcd_cluster, results
 
 ROOT = Path(__file__).resolve().parents[2]
 CLIENTS = 16
+IDLE_S = 3.0
 LEASE_TTL = 60
 
 
@@ -74,6 +77,9 @@ def _senders(kind: str, clients: list[EtcdClient], access: EtcdAccess) -> list[C
     if kind == "authenticate":
         body = {"name": access.user, "password": access.password() if access.user else ""}
         return [lambda c=c: c.call("/v3/auth/authenticate", body)["token"] and None for c in clients]
+    if kind == "range":  # a watcher's read of the counter it watches
+        key = base64.b64encode(b"gradsync/cost/beat/0").decode()
+        return [lambda c=c: c.call("/v3/kv/range", {"key": key}) and None for c in clients]
     if kind == "put":
         keys = [base64.b64encode(f"gradsync/cost/beat/{i}".encode()).decode() for i in range(len(clients))]
         return [
@@ -94,7 +100,11 @@ def measure(cluster: Cluster, kind: str, rate: float, seconds: float) -> dict:
         _revision(client)
     send = _senders(kind, clients, cluster.access)
     latencies: list[list[float]] = [[] for _ in clients]
+    idle = cluster.cpu_seconds()
+    time.sleep(IDLE_S)  # what the members spend with no request (raft's heartbeats): not a request's cost
+    idle_cores = (cluster.cpu_seconds() - idle) / IDLE_S
     revision, cpu, busy = _revision(clients[0]), cluster.cpu_seconds(), _machine_busy()
+    began = time.monotonic()
     threads = [
         threading.Thread(target=_paced, args=(s, rate / len(clients), seconds, lat)) for s, lat in zip(send, latencies)
     ]
@@ -103,6 +113,7 @@ def measure(cluster: Cluster, kind: str, rate: float, seconds: float) -> dict:
     for t in threads:
         t.join()
     requests = sum(map(len, latencies))
+    wall = time.monotonic() - began
     written = _revision(clients[0]) - revision
     expected = requests if kind == "put" else 0
     assert kind == "authenticate" or written == expected, (
@@ -114,7 +125,8 @@ def measure(cluster: Cluster, kind: str, rate: float, seconds: float) -> dict:
         "cluster": cluster.name,
         "request": kind,
         "rate": requests / seconds,
-        "cpu_ms_per_request": (cluster.cpu_seconds() - cpu) / requests * 1e3,
+        "cpu_ms_per_request": (cluster.cpu_seconds() - cpu - idle_cores * wall) / requests * 1e3,
+        "idle_cores": idle_cores,
         "p50_ms": flat[len(flat) // 2] * 1e3,
         "p99_ms": flat[int(len(flat) * 0.99)] * 1e3,
         "machine_busy": machine[0] / machine[1],
@@ -173,7 +185,13 @@ def main() -> None:
         rows = []
         for _ in range(args.runs):
             for cluster in clusters:
-                for kind, rate in [("put", args.rate), ("lease keep-alive", args.rate), ("authenticate", 20.0)]:
+                kinds = [
+                    ("put", args.rate),
+                    ("range", args.rate),
+                    ("lease keep-alive", args.rate),
+                    ("authenticate", 20.0),
+                ]
+                for kind, rate in kinds:
                     if kind == "authenticate" and not cluster.access.user:
                         continue
                     rows.append(measure(cluster, kind, rate, args.seconds))

@@ -111,29 +111,6 @@ class EtcdStore(dist.Store):
                 return False
         return True
 
-    def existing(self, keys: list[str]) -> list[bool]:
-        """Which of ``keys`` are set (gradsync/elastic/batched.py): one read-only transaction per ``TXN_OPS``."""
-        return [kv is not None for kv in self._ranges(keys, keys_only=True)]
-
-    def values(self, keys: list[str]) -> list[bytes]:
-        """The values of ``keys``, each of which must be set, in one read-only transaction per ``TXN_OPS``."""
-        found = self._ranges(keys, keys_only=False)
-        missing = [k for k, kv in zip(keys, found) if kv is None]
-        if missing:
-            raise dist.DistStoreError(f"{self!r}: no value for keys {missing}")
-        return [base64.b64decode(kv.get("value", "")) for kv in found if kv is not None]
-
-    def _ranges(self, keys: list[str], keys_only: bool) -> list[dict[str, Any] | None]:
-        found: list[dict[str, Any] | None] = []
-        for first in range(0, len(keys), TXN_OPS):
-            reads = [
-                {"requestRange": {"key": self._key(k), "keys_only": keys_only}} for k in keys[first : first + TXN_OPS]
-            ]
-            for answer in self.client.call("/v3/kv/txn", {"success": reads}).get("responses", []):
-                kvs = answer.get("response_range", {}).get("kvs")
-                found.append(kvs[0] if kvs else None)
-        return found
-
     def get(self, key: str) -> bytes:
         """The value of ``key``, waiting for it to be set (at most the store's timeout), as a TCPStore does: one
         request if it is set, else a watch until it is (gradsync/elastic/etcd_watch.py), not a poll."""

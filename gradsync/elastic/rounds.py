@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch.distributed as dist
 
-from gradsync.elastic import batched, keys
+from gradsync.elastic import keys
 from gradsync.elastic.errors import JobFinished, MembershipChanged
 from gradsync.elastic.job_status import job_done, job_running
 from gradsync.elastic.liveness import SUSPECT_BEATS, Liveness
@@ -99,12 +99,9 @@ class Rounds:
         )
 
     def pending_joiners(self) -> list[int]:
-        arrived = range(1, self._arrived() + 1)
-        asked = [
-            s for s, set_ in zip(arrived, batched.existing(self._store, [keys.joiner(s) for s in arrived])) if set_
-        ]
-        admitted = batched.existing(self._store, [keys.joined(s) for s in asked])
-        return [s for s, done in zip(asked, admitted) if not done]
+        count = self._arrived()
+        check = self._store.check
+        return [s for s in range(1, count + 1) if check([keys.joiner(s)]) and not check([keys.joined(s)])]
 
     def _decide(self, number: int, current: list[int]) -> None:
         requests = int(self._store.add(keys.JOIN_REQUESTS, 0))  # before the joiners are listed: none is missed
@@ -112,10 +109,9 @@ class Rounds:
         # Members keep their order and joiners come last, so rank 0 (whose state everyone receives) is a member that
         # lived through the change: a worker that was cut off and asks to join again keeps its old, low number.
         wanted = current + sorted(set(joiners) - set(current))
-        registered_key = lambda m: keys.registered(number, m)  # noqa: E731
+        registered = lambda m: self._registered(number, m)  # noqa: E731
         # Known gone: its launcher saw it exit, or the member watching it saw its heartbeat stop.
-        reported = batched.existing(self._store, [k for m in wanted for k in (keys.exited(m), keys.lost(m))])
-        gone = {m for i, m in enumerate(wanted) if reported[2 * i] or reported[2 * i + 1]}
+        gone = {m for m in wanted if self._store.check([keys.exited(m)]) or self._store.check([keys.lost(m)])}
         alive = lambda m: m not in gone and self._liveness.alive(m)  # noqa: E731
         # A live member may be inside a collective that fails only at the group's timeout: wait for it that long.
         # Not for one whose heartbeat stood still for SUSPECT_BEATS beats while the others registered: a round is
@@ -130,10 +126,7 @@ class Rounds:
         wait_until(live_registered, SETTLE_S + self._timeouts.collective, pause=0.005, max_pause=0.02)
         # Registered and still alive: a worker killed after registering (its launcher reported it) is left out.
         everyone = self._all_registered(number, wanted)
-        present = (
-            [True] * len(wanted) if everyone else batched.existing(self._store, [registered_key(m) for m in wanted])
-        )
-        members = [m for m, here in zip(wanted, present) if here and alive(m)]
+        members = [m for m in wanted if (everyone or registered(m)) and alive(m)]
         for vanished in set(joiners) - set(members):  # asked to join, then vanished: stop waiting for it
             self._store.set(keys.joined(vanished), "expired")
         self._store.set(keys.members(number), json.dumps(self._most_committed_first(number, members, current)))
@@ -145,8 +138,7 @@ class Rounds:
         all-reduce completes there; a member lost inside that all-reduce can leave some members with the step
         committed and some without. Every member takes rank 0's state, so with this rank 0 a step committed
         anywhere is committed everywhere (its gradients were every member's: the all-reduce completed somewhere)."""
-        lived = [m for m in members if m in current]
-        steps = dict(zip(lived, map(int, batched.values(self._store, [keys.registered(number, m) for m in lived]))))
+        steps = {m: int(self._store.get(keys.registered(number, m))) for m in members if m in current}
         if not steps:
             return members
         most = max(steps.values())
