@@ -213,4 +213,3 @@ def test_a_launcher_refuses_the_name_of_a_job_that_finished_there(etcd: etcd_clu
     with pytest.raises(ConfigError, match="already finished on .* etcdctl del --prefix gradsync/finished-job/"):
         Job(store, where, hosting=False).refuse_a_finished_name(args)
     Job(open_store(etcd_url(etcd.url, "fresh-job")), "x", hosting=False).refuse_a_finished_name(args)
-
