@@ -22,8 +22,6 @@ import ssl
 import urllib.parse
 from pathlib import Path
 
-from torch.distributed.elastic.rendezvous.utils import _parse_rendezvous_config
-
 from gradsync.errors import ConfigError
 from gradsync.runtime.endpoints import ETCD_SCHEMES, etcd_scheme
 
@@ -89,11 +87,7 @@ class EtcdAccess:
 
 def from_flags(store: str, rdzv_conf: str) -> EtcdAccess:
     """The access that ``--store`` and ``--rdzv-conf`` describe, checked (the files exist; no inline password)."""
-    try:
-        conf = _parse_rendezvous_config(rdzv_conf or "")
-    except ValueError as exc:
-        raise ConfigError(f"--rdzv-conf {rdzv_conf}: {exc}; write KEY=VALUE,KEY=VALUE") from None
-    conf = {ALIASES.get(k, k): v for k, v in conf.items()}
+    conf = {ALIASES.get(k, k): v for k, v in _pairs(rdzv_conf or "").items()}
     _refuse_keys(conf)
     access = EtcdAccess(
         tls=_tls(store, conf.get("protocol")),
@@ -103,6 +97,17 @@ def from_flags(store: str, rdzv_conf: str) -> EtcdAccess:
     )
     _check(access)
     return access
+
+
+def _pairs(text: str) -> dict[str, str]:
+    """``KEY=VALUE,KEY=VALUE`` as torchrun reads --rdzv-conf (its parser is private to torch)."""
+    pairs = {}
+    for item in (i.strip() for i in text.split(",") if i.strip()):
+        key, equals, value = item.partition("=")
+        if not equals or not key.strip():
+            raise ConfigError(f"--rdzv-conf {text}: {item!r} is not KEY=VALUE; write KEY=VALUE,KEY=VALUE")
+        pairs[key.strip()] = value.strip()
+    return pairs
 
 
 def _refuse_keys(conf: dict[str, str]) -> None:
