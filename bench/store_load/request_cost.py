@@ -26,6 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from bench.store_load.__main__ import _machine_busy
+from bench.store_load.servers import Served
 from gradsync.elastic.etcd_client import EtcdClient
 from gradsync.elastic.etcd_refusal import EtcdRefused
 from gradsync.runtime.etcd_access import EtcdAccess
@@ -47,12 +48,8 @@ class Cluster:
         return [EtcdClient([m.endpoint for m in self.etcd.members], access=self.access) for _ in range(CLIENTS)]
 
     def cpu_seconds(self) -> float:
-        total = 0
-        for m in self.etcd.members:
-            assert m.process is not None
-            fields = Path(f"/proc/{m.process.pid}/stat").read_text().rsplit(")", 1)[1].split()
-            total += int(fields[11]) + int(fields[12])
-        return total / 100.0  # USER_HZ, Linux's
+        """The members' CPU so far, read as the store benchmark reads its servers'."""
+        return Served(self.name, [m.process.pid for m in self.etcd.members if m.process is not None]).cpu_seconds()
 
 
 def _revision(client: EtcdClient) -> int:

@@ -71,9 +71,10 @@ class _Failures:
     def add(self, endpoint: str, exc: Exception) -> None:
         self.tries += 1
         self.said[endpoint] = str(exc) or type(exc).__name__
-        (self.refused_connection.add if isinstance(exc, ConnectionRefusedError) else self.refused_connection.discard)(
-            endpoint
-        )
+        if isinstance(exc, ConnectionRefusedError):
+            self.refused_connection.add(endpoint)
+        else:
+            self.refused_connection.discard(endpoint)
         if isinstance(exc, EtcdRefused):
             self.refusals.setdefault(endpoint, []).append(exc)
         else:
@@ -132,12 +133,9 @@ class EtcdClient:
                 answer = self._authorized(endpoint, path, body)
                 self._down_since = None
                 return answer
-            except EtcdRefused as exc:
-                if exc.certain:
+            except (EtcdRefused, OSError, http.client.HTTPException, _Retry) as exc:
+                if isinstance(exc, EtcdRefused) and exc.certain:
                     raise
-                failures.add(endpoint, exc)
-                self._next_member()
-            except (OSError, http.client.HTTPException, _Retry) as exc:
                 failures.add(endpoint, exc)
                 self._next_member()
             if (refusal := failures.refusal(self.endpoints)) is not None:
@@ -202,12 +200,13 @@ class EtcdClient:
             return self._token
 
     def _authenticate(self, endpoint: str) -> str:
-        self.tokens_made += 1
         try:
             body = {"name": self.access.user, "password": self.access.password()}
         except ConfigError as exc:  # the password file is gone, say: a refusal, not a member down
             raise EtcdRefused(exc.message) from None
-        return str(self._post(endpoint, "/v3/auth/authenticate", body, None)["token"])
+        token = str(self._post(endpoint, "/v3/auth/authenticate", body, None)["token"])
+        self.tokens_made += 1
+        return token
 
     # ------------------------------------------------------------------------------ one request
     def _post(self, endpoint: str, path: str, body: dict[str, Any], token: str | None) -> dict[str, Any]:

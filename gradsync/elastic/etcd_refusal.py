@@ -17,7 +17,7 @@ import ssl
 
 from gradsync.errors import GradsyncError
 from gradsync.runtime.endpoints import split
-from gradsync.runtime.etcd_access import EtcdAccess
+from gradsync.runtime.etcd_access import PASSWORD_VARIABLE, EtcdAccess
 
 # OpenSSL's X509_V_ERR_HOSTNAME_MISMATCH and X509_V_ERR_IP_ADDRESS_MISMATCH.
 _NAME_MISMATCH = (62, 64)
@@ -110,8 +110,8 @@ def of_answer(endpoint: str, path: str, status: int, message: str, access: EtcdA
         )
     if "authentication failed" in message:
         return EtcdRefused(
-            f"{said}. Check user={access.user} and its password (read from "
-            f"{access.password_file or '$GRADSYNC_ETCD_PASSWORD'}): etcdctl --user {access.user} auth status"
+            f"{said}. Check user={access.user} and its password (read from {access.password_source()}): etcdctl "
+            f"--user {access.user} auth status"
         )
     if "authentication is not enabled" in message:
         return EtcdRefused(
@@ -127,7 +127,7 @@ def _permission(access: EtcdAccess) -> str:
     if access.user is None:
         return (
             "The cluster has auth enabled: give user=NAME and password_file=PATH in --rdzv-conf (or the password in "
-            "$GRADSYNC_ETCD_PASSWORD)."
+            f"${PASSWORD_VARIABLE})."
         )
     return (
         f"Grant user {access.user} read and write on the job's keys: etcdctl role add gradsync; etcdctl role "

@@ -74,29 +74,28 @@ class EtcdAccess:
             context.load_cert_chain(self.cert, self.key)
         return context
 
-    def describe(self) -> str:
-        """What this client uses, for errors: files and names, never a secret."""
-        parts = [f"cacert={self.cacert or '(the system CAs)'}"] if self.tls else ["plain http"]
-        parts += [f"{name}={getattr(self, name)}" for name in ("cert", "key", "user") if getattr(self, name)]
-        if self.user:
-            parts.append(f"password from {self.password_file or '$' + PASSWORD_VARIABLE}")
-        if not self.check_hostname:
-            parts.append("check_hostname=0")
-        return ", ".join(parts)
+    def password_source(self) -> str:
+        """Where the password is read from, for errors (never the password)."""
+        return self.password_file or f"${PASSWORD_VARIABLE}"
 
 
 def from_flags(store: str, rdzv_conf: str) -> EtcdAccess:
     """The access that ``--store`` and ``--rdzv-conf`` describe, checked (the files exist; no inline password)."""
     conf = {ALIASES.get(k, k): v for k, v in _pairs(rdzv_conf or "").items()}
+    access = _access(conf, _tls(store, conf.get("protocol")))
+    _check(access)
+    return access
+
+
+def _access(conf: dict[str, str], tls: bool) -> EtcdAccess:
+    """The access ``conf`` (``--rdzv-conf``'s keys, or the workers' URL query) names; its files made absolute."""
     _refuse_keys(conf)
-    access = EtcdAccess(
-        tls=_tls(store, conf.get("protocol")),
+    return EtcdAccess(
+        tls=tls,
         **{name: str(Path(conf[name]).absolute()) for name in FILES if conf.get(name)},
         user=conf.get("user") or None,
         check_hostname=_flag(conf.get("check_hostname", "1"), "check_hostname"),
     )
-    _check(access)
-    return access
 
 
 def _pairs(text: str) -> dict[str, str]:
@@ -170,11 +169,4 @@ def with_access(url: str, access: EtcdAccess) -> str:
 def from_url(url: str) -> tuple[str, EtcdAccess]:
     """The inverse of :func:`with_access`: (the URL without its query, the access it names)."""
     base, _, query = url.partition("?")
-    conf = dict(urllib.parse.parse_qsl(query))
-    _refuse_keys(conf)
-    access = EtcdAccess(
-        tls=_tls(base, None),
-        **{name: conf[name] for name in (*FILES, "user") if name in conf},
-        check_hostname=_flag(conf.get("check_hostname", "1"), "check_hostname"),
-    )
-    return base, access
+    return base, _access(dict(urllib.parse.parse_qsl(query)), _tls(base, None))
