@@ -11,6 +11,7 @@ from torch import nn
 import gradsync
 from gradsync.comm import DiLoCo, QuantizedState, quantized_hook
 from gradsync.comm.quantized import dequantize, quantize
+from gradsync.reducer import grad_bucket
 from gradsync.testing import spawn
 
 DIM = 300  # weights of 300 x 300 / 300: buckets of several blocks, not a multiple of the block size
@@ -202,11 +203,10 @@ def test_one_overflow_does_not_poison_the_error_feedback() -> None:
             assert (got - want).abs().max() <= 2 * _bound(2, 8) + 1e-5
 
 
-def test_the_quantized_hook_returns_a_device_aware_future_on_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
-    """On CUDA the hook's future must record the stream it completes on (torch's contract); recorded with a fake,
-    since this needs no GPU to check: the future is built for the bucket's device."""
-    from gradsync.comm import quantized
-
+def test_a_hook_completed_later_returns_a_device_aware_future_on_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On CUDA the future a hook completes later (the quantized hook's, a bucket's waiting its turn) must record
+    the stream it completes on (torch's contract); recorded with a fake, since this needs no GPU to check: the
+    future is built for the bucket's device."""
     made: list[object] = []
 
     class RecordingFuture:
@@ -214,6 +214,6 @@ def test_the_quantized_hook_returns_a_device_aware_future_on_cuda(monkeypatch: p
             made.append(devices)
 
     monkeypatch.setattr(torch.futures, "Future", RecordingFuture)
-    quantized.result_future(torch.device("cuda", 1))
-    quantized.result_future(torch.device("cpu"))
+    grad_bucket.result_future(torch.device("cuda", 1))
+    grad_bucket.result_future(torch.device("cpu"))
     assert made == [[torch.device("cuda", 1)], None]

@@ -263,6 +263,13 @@ SETUP = {
     "gradsync.data.DistributedLoader": (
         'checkpoint = {"loader": gradsync.DistributedLoader(dataset, batch_size=32).state_dict()}\nresuming = True\n'
     ),
+    "gradsync.comm.issues_from_callbacks": (
+        "def my_two_stage_hook(state, bucket):\n"
+        "    summed = dist.all_reduce(bucket.buffer(), async_op=True).get_future()\n"
+        "    world = torch.ones(1)\n"
+        "    counted = summed.then(lambda _: dist.all_reduce(world, async_op=True).get_future().wait())\n"
+        "    return counted.then(lambda _: bucket.buffer().div_(world))\n"
+    ),
     "gradsync.DistributedDataParallel.set_params_and_buffers_to_ignore": (
         "model = nn.ModuleDict({'embedding': nn.Embedding(10, 4), 'head': nn.Linear(4, 1)})\n"
     ),
@@ -273,6 +280,7 @@ CHECK = {
     "gradsync.elastic.Recovery": "state.finish()\n",
     "gradsync.elastic.JobFinished": "job.finished()\n",
     "gradsync.comm.GradBucket": "ddp.register_comm_hook(None, sum_hook)\nloss_fn(ddp(x), y).backward()\n",
+    "gradsync.comm.issues_from_callbacks": "loss_fn(ddp(x), y).backward()\n",
     "gradsync.observe.write_chrome_trace": 'assert read_steps("trace.json")[0]\n',
     "gradsync.checkpoint.atomic_torch_save": 'assert torch.load("state.pt") == {"step": 3}\n',
     "gradsync.checkpoint.restore": "assert start_step == 3\n",

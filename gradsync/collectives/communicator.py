@@ -257,6 +257,12 @@ class Communicator:
             self._watch.add(work, lambda: _collective_text(op, index, what))
         return work
 
+    def futures_complete_when_issued(self) -> bool:
+        """Whether a bucket collective's future completes as it is issued, its callbacks run on the issuing thread:
+        NCCL's do (``ProcessGroupNCCL`` marks the future complete once the kernel is queued, the stream ordering the
+        rest), gloo's complete later on the backend's worker threads."""
+        return self.device is not None and self.device.type == "cuda" and self._on_nccl()
+
     def _on_nccl(self) -> bool:
         return "nccl" in str(dist.get_backend(self.group))
 

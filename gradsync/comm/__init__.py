@@ -22,6 +22,7 @@ from gradsync.comm.local_sgd import PostLocalSGD, average_parameters
 from gradsync.comm.quantized import QuantizedState, quantized_hook
 from gradsync.comm.streaming_diloco import StreamingDiLoCo
 from gradsync.reducer.grad_bucket import GradBucket
+from gradsync.reducer.hook_order import issues_from_callbacks
 
 __all__ = [
     "DiLoCo",
@@ -38,4 +39,5 @@ __all__ = [
     "bf16_compress_wrapper",
     "fp16_compress_hook",
     "fp16_compress_wrapper",
+    "issues_from_callbacks",
 ]

@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 
 from gradsync.collectives.communicator import Communicator, Op
-from gradsync.reducer.grad_bucket import GradBucket
+from gradsync.reducer.grad_bucket import GradBucket, result_future
 
 
 @dataclasses.dataclass
@@ -147,19 +147,6 @@ def _unpacker(pending: _Pending, gathered: list[torch.Tensor], world: int, state
         pending.result.set_result(pending.buffer)
 
     return unpack
-
-
-def result_future(device: torch.device) -> torch.futures.Future:
-    """The future this hook returns for a bucket on ``device``, completed later in the all-gather's callback.
-
-    torch's hook contract: a plain ``Future()`` records no CUDA event, so the reducer's wait, and its copy into
-    ``.grad``, would not wait for the averaging kernels queued on the callback's stream, and ``.grad`` could get
-    un-averaged values. A future with ``devices`` records an event on the stream current when ``set_result`` runs
-    (the callback's, after those kernels) and makes every waiter's stream wait for it.
-    """
-    if device.type == "cpu":
-        return torch.futures.Future()
-    return torch.futures.Future(devices=[device])
 
 
 def _next_residual(values: torch.Tensor, sent: torch.Tensor, previous: torch.Tensor | None) -> torch.Tensor:

@@ -57,3 +57,17 @@ class GradBucket:
         """Make ``buffer`` (e.g. a compressed copy) what later hooks see as ``buffer()``; as in torch, the reducer
         still takes the averaged result from the hook's future."""
         self._buffer = buffer
+
+
+def result_future(device: torch.device) -> torch.futures.Future:
+    """The future a hook returns for a bucket on ``device`` when it completes it later itself (the quantized
+    hook's, in its all-gather's callback; a bucket's future while it waits for the bucket before it).
+
+    torch's hook contract: a plain ``Future()`` records no CUDA event, so the reducer's wait, and its copy into
+    ``.grad``, would not wait for the averaging kernels queued on the callback's stream, and ``.grad`` could get
+    un-averaged values. A future with ``devices`` records an event on the stream current when ``set_result`` runs
+    (the callback's, after those kernels) and makes every waiter's stream wait for it.
+    """
+    if device.type == "cpu":
+        return torch.futures.Future()
+    return torch.futures.Future(devices=[device])

@@ -16,7 +16,8 @@ from gradsync import torch_private
 from gradsync.collectives.communicator import Communicator, Op
 from gradsync.errors import ConfigError
 from gradsync.reducer import messages
-from gradsync.reducer.grad_bucket import GradBucket
+from gradsync.reducer.grad_bucket import GradBucket, result_future
+from gradsync.reducer.hook_order import OneAtATime, hook_needs_order
 
 CommHook = Callable[[Any, GradBucket], torch.futures.Future]
 
@@ -26,6 +27,7 @@ class AllReduce:
     sum (torch's C++ default path)."""
 
     needs_deadline = False  # the backend's own timeout bounds the collective
+    one_at_a_time = False  # one collective a bucket, issued here
 
     def __init__(self, comm: Communicator) -> None:
         self.comm = comm
@@ -50,11 +52,20 @@ class HookReduction:
     def __init__(self, comm: Communicator, state: Any, hook: CommHook) -> None:
         self.comm, self.state, self.hook = comm, state, hook
         self.divisor: int | None = None
+        # On gloo, a hook that issues collectives from its futures' callbacks (PowerSGD) runs a bucket at a time.
+        self.one_at_a_time = hook_needs_order(hook, comm.futures_complete_when_issued())
+        self._order = OneAtATime()
 
     def launch(
         self, k: int, buffer: torch.Tensor, views: list[torch.Tensor], params: list[torch.Tensor], is_last: bool
     ) -> torch.futures.Future:
         bucket = GradBucket(k, buffer, views, params, is_last)  # a fresh one each launch: hooks may set_buffer()
+        if not self.one_at_a_time:
+            return self._start(bucket)
+        return self._order.start(lambda: self._start(bucket), lambda: result_future(buffer.device))
+
+    def _start(self, bucket: GradBucket) -> torch.futures.Future:
+        k, buffer = bucket.index(), bucket.buffer()
         future = self.comm.launch(Op.BUCKET_ALLREDUCE, k, buffer, lambda: self.hook(self.state, bucket))
         if not torch_private.is_torch_future(future):  # torch.futures.Future and what .then() returns
             raise ConfigError(

@@ -164,10 +164,14 @@ class BackwardStep:
             self.next_launch += 1
             self.ctx.recorder.bucket_launched(k, future)
         if self.next_launch == len(buckets):
-            if self.used is not None:
-                self.ctx.usage.start(self.used, buckets[0].buffer.device)  # after the last bucket: it delays none
+            if self.used is not None and not self._reduction.one_at_a_time:
+                self._start_usage()  # after the last bucket: it delays none
             if self.on_all_launched is not None:
                 self.on_all_launched()
+
+    def _start_usage(self) -> None:
+        assert self.used is not None
+        self.ctx.usage.start(self.used, self.layout.buckets[0].buffer.device)
 
     @property
     def all_launched(self) -> bool:
@@ -214,6 +218,8 @@ class BackwardStep:
             if self.buffers is None:  # a shadow's results are zeros from everyone else: nothing to keep
                 self.layout.buckets[k].receive(result)
                 self._bucket_done(self, self.layout.buckets[k])
+        if self.used is not None and self._reduction.one_at_a_time:
+            self._start_usage()  # only now: the hooks issue collectives from other threads until they complete
         # Hold no finished futures past this point: gloo work objects that outlive the process group are destroyed
         # during interpreter teardown and abort the process ("terminate called ...").
         self.futures = []
