@@ -163,6 +163,36 @@ def scenario(
                     os.kill(pid, signal.SIGKILL)
 
 
+def fault_during_regroup(tmp_path: Path, env: dict[str, str] | None = None) -> dict:
+    """Two faults in one regroup window: h1's worker SIGKILLed mid-epoch, and h2's worker exiting as it reaches the
+    next round's formation gate (the round was agreed with it: tests/scripts/elastic_train.py's
+    EXIT_BEFORE_FORMING). h0's worker is the one survivor; both others restart and rejoin."""
+    out = tmp_path / "during_regroup"
+    out.mkdir()
+    with netlab.lab(hosts=HOSTS, rate="1gbit", prefix="gselastic") as lab:
+        variables = {"STEP_SLEEP": "0.05", "ELASTIC_TIMEOUT": "5", "EPOCHS": str(EPOCHS), "EXIT_BEFORE_FORMING": "h2"}
+        variables.update(env or {})
+        procs = launch(lab, out, variables)
+        try:
+            wait_steps(out, 15)
+            survivor, victim = pid_of(out, "h0"), pid_of(out, "h1")
+            when = time.time()
+            os.kill(victim, signal.SIGKILL)
+            wait_after(out, when, [survivor])
+            logs = finish(procs)
+            second = int((out / "exited_before_forming").read_text())
+            return {
+                "out": out,
+                "survivors": [survivor],
+                "faults": [("h1", victim, when), ("h2", second, when)],
+                "logs": logs,
+            }
+        finally:
+            for pid in [p.pid for p in procs] + [int(f.stem) for f in out.glob("*.pid")]:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+
+
 def store_host_lost(tmp_path: Path, wait: float = 60.0) -> dict:
     """The host serving the job's store lost: h0's launcher (which serves it) and its worker SIGKILLed mid-epoch.
     Returns, for the other two launchers, how long each took to end after the kill, its exit code and its output."""

@@ -24,6 +24,7 @@ from lab.elastic import (  # noqa: E402
     any_host_lost,
     check_exactly_once,
     events_of,
+    fault_during_regroup,
     finals,
     first_step_after,
     launch_on_loopback,
@@ -147,6 +148,21 @@ def test_survivors_continue_when_a_worker_goes_silent(tmp_path: Path, fault: str
         if "admitting a worker" in r["reason"] and r["world_after"] <= r["world_before"]
     ]
     assert not futile, recoveries(run["logs"])
+    assert len(finals(out)) == HOSTS
+
+
+@needs_lab
+@pytest.mark.lab
+@pytest.mark.timeout(420)
+def test_a_second_fault_during_the_regroup_costs_a_regroup_not_a_timeout(tmp_path: Path) -> None:
+    run = fault_during_regroup(tmp_path)
+    out, (_victim, _pid, when) = run["out"], run["faults"][0]
+    survivor_log = run["logs"][0]
+    assert "group was called off: worker" in survivor_log, recoveries(run["logs"])  # the formation gate ran
+    assert "wait timeout" not in survivor_log, recoveries(run["logs"])
+    # h0 alone after both: it waited out the 5 s group timeout before the gate (5.1 s measured then).
+    assert paused(out, when, run["survivors"], world=1) < 5.0, recoveries(run["logs"])
+    check_exactly_once(out, killed=2)
     assert len(finals(out)) == HOSTS
 
 

@@ -14,6 +14,7 @@ from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import PowerSGDSt
 import gradsync
 from gradsync.collectives.communicator import Communicator, Op
 from gradsync.comm import DiLoCo, QuantizedState, allreduce_hook, bf16_compress_hook, quantized_hook
+from gradsync.errors import ConfigError
 from gradsync.observe import Monitor
 from gradsync.testing import spawn
 
@@ -78,8 +79,9 @@ def _train(rank: int, world: int, mode: str, regroup: bool) -> dict:
     if regroup:
         _new_group(2)
         ddp.rebuild_for_new_group()
-        shared = Communicator().broadcast_object(Op.ELASTIC_STATE, ddp.shared_hook_state())  # as State._sync
-        ddp.load_shared_hook_state(shared)
+        shared = Communicator().broadcast_object(Op.ELASTIC_STATE, (ddp.shared_hook_state(), ddp.shared_layout()))
+        ddp.load_shared_hook_state(shared[0])  # as State._sync
+        ddp.load_shared_layout(shared[1])
     for x, y in data[STEPS_BEFORE:]:
         step(x, y)
     return {
@@ -106,6 +108,7 @@ def test_a_regroup_keeps_the_comm_hook_and_the_monitor(mode: str) -> None:
         if mode != "diloco":
             buckets = result["calls_per_step"][STEPS_BEFORE - 1]  # the last step before the regroup
             assert buckets >= 3, result["calls_per_step"]  # several buckets, not one
+            # The new group's reducer starts from rank 0's rebuilt buckets (shared_layout): no step of one bucket.
             assert result["calls_per_step"][STEPS_BEFORE:] == [buckets] * STEPS_AFTER, f"{mode}: {result}"
     for a, b in zip(ours[0]["params"], ours[1]["params"]):  # the members agree after the regroup
         torch.testing.assert_close(a, b, rtol=0, atol=0)
@@ -135,3 +138,22 @@ def test_powersgd_members_share_the_generator_and_drop_their_own_memory() -> Non
     quantized._residuals[0] = torch.ones(3)
     regroup.for_new_group(quantized, quantized_hook)
     assert not quantized._residuals
+
+
+def _late_plan(rank: int, world: int) -> str:
+    torch.manual_seed(0)
+    ddp = gradsync.DistributedDataParallel(nn.Sequential(nn.Linear(8, 16), nn.Linear(16, 4)), bucket_cap_mb=0.0002)
+    for _ in range(2):
+        ddp(torch.randn(4, 8)).sum().backward()
+    plan = ddp.shared_layout()
+    assert plan is not None and sorted(plan[0]) == [0, 1, 2, 3]
+    try:
+        ddp.load_shared_layout(plan)
+    except ConfigError as exc:
+        return str(exc)
+    return "taken"
+
+
+def test_a_bucket_plan_is_refused_once_the_reducer_has_run() -> None:
+    for message in spawn(_late_plan, 2, timeout=50):
+        assert "already ran 2 synced backward(s)" in message and "before the first synced forward" in message

@@ -126,20 +126,13 @@ def _train(rank: int, world: int, framework: str, hook_name: str, find_unused: b
     return {"params": [p.detach().clone() for p in module.parameters()], "buckets": seen}
 
 
-def _after_iteration_1(seen: list[tuple[int, int]]) -> list[tuple[int, int]]:
-    """The buckets from the rebuild on. Iteration 1 differs: torch >= 2.1 reduces it as one bucket unless
-    find_unused_parameters=True, gradsync with the caps' layout (plain sums either way, the same values)."""
-    starts = [i for i, (k, _) in enumerate(seen) if k == 0]
-    return seen[starts[1] :]
-
-
 def _both(rank: int, world: int, hook_name: str, find_unused: bool) -> dict:
     return {fw: _train(rank, world, fw, hook_name, find_unused) for fw in ("gradsync", "torch")}
 
 
 @pytest.mark.parametrize(
     ("hook_name", "find_unused", "world"),
-    [("powersgd", False, 2), ("user-chaining", False, 2)],
+    [("powersgd", False, 2), ("user-chaining", False, 2), ("powersgd", True, 3), ("powersgd", False, 3)],
 )
 def test_powersgd_with_several_buckets_on_gloo_matches_torch_bucket_by_bucket(
     hook_name: str, find_unused: bool, world: int
@@ -147,9 +140,11 @@ def test_powersgd_with_several_buckets_on_gloo_matches_torch_bucket_by_bucket(
     results = spawn(_both, world, args=(hook_name, find_unused), timeout=120, pg_timeout=20)
     for r in results:
         ours, theirs = r["gradsync"], r["torch"]
-        assert _after_iteration_1(ours["buckets"]) == _after_iteration_1(theirs["buckets"])
+        assert ours["buckets"] == theirs["buckets"]  # iteration 1's included (BucketLayout.first)
         assert len({k for k, _ in ours["buckets"]}) >= 3, ours["buckets"]  # several buckets, not one
         for a, b in zip(ours["params"], theirs["params"]):
-            assert torch.equal(a, b)
+            # Two ranks add each value once, in either order alike; with three, a ring adds a value in an order set
+            # by its offset in the bucket, and gradsync places small gradients at the bucket's end (buckets.Bucket).
+            torch.testing.assert_close(a, b, rtol=0, atol=0 if world == 2 else 1e-6)
     for a, b in zip(results[0]["gradsync"]["params"], results[-1]["gradsync"]["params"]):
         assert torch.equal(a, b)  # every replica identical

@@ -27,14 +27,17 @@ def _overlap(rank: int, world_size: int) -> tuple[list, int]:
 
     ddp.register_comm_hook(dist.group.WORLD, recording_hook)
     model[0].weight.register_post_accumulate_grad_hook(lambda p: events.append(("ready", "0.weight")))
-    ddp(torch.randn(4, 32)).sum().backward()
-    return events, len(ddp.reducer.buckets)
+    ddp(torch.randn(4, 32)).sum().backward()  # iteration 1: one bucket, as torch (see BucketCaps.first_limits)
+    first = len(ddp.reducer.buckets)
+    events.clear()
+    ddp(torch.randn(4, 32)).sum().backward()  # rebuilt in the ready order
+    return events, (first, len(ddp.reducer.buckets))
 
 
 @pytest.mark.timeout(60)
 def test_buckets_launch_while_backward_still_runs() -> None:
     for events, n_buckets in spawn(_overlap, timeout=50):
-        assert n_buckets == 6
+        assert n_buckets == (1, 6)
         first_layer_ready = events.index(("ready", "0.weight"))
         launched_before = [e for e in events[:first_layer_ready] if e[0] == "launch"]
         # Every other layer's bucket was on the wire before backward reached the first layer (whose own bucket
@@ -77,7 +80,7 @@ def _rebuild(rank: int, world_size: int) -> dict:
 @pytest.mark.timeout(60)
 def test_one_rebuild_in_rank0_ready_order() -> None:
     r0, r1 = spawn(_rebuild, timeout=50)
-    assert r0["before"] == [["b.bias", "b.weight"], ["a.bias", "a.weight"]]  # reverse registration
+    assert [sorted(b) for b in r0["before"]] == [["a.bias", "a.weight", "b.bias", "b.weight"]]  # one, as torch
     # Rebuilt at the second forward, from rank 0's observed order (a ran last there, so its grads came first)...
     assert [r0["rebuilt_after_0"], r0["rebuilt_after_1"], r0["rebuilt_after_2"]] == [False, True, True]
     assert [sorted(b) for b in r0["after"]] == [["a.bias", "a.weight"], ["b.bias", "b.weight"]]
@@ -161,9 +164,10 @@ def _static_quiet_hooks(rank: int, world_size: int, view: bool) -> dict:
 def test_static_graph_keeps_one_hook_per_bucket_of_small_parameters(view: bool) -> None:
     for result in spawn(_static_quiet_hooks, args=(view,), timeout=50):
         n_params = 44
-        assert result["hooked"][0] == n_params  # iteration 1 records the order with every hook
+        # Iteration 1 learns the graph and iteration 2 records the order (torch's), both with every hook.
+        assert result["hooked"][:2] == [n_params] * 2
         # After the rebuild: the large 8x1024 weight and at most one small parameter per bucket.
-        assert result["hooked"][1:] == [result["kept"]] * 3, result
+        assert result["hooked"][2:] == [result["kept"]] * 2, result
         assert result["kept"] <= 1 + result["buckets"] < n_params // 2, result
         assert result["diff"] <= 1e-6
 

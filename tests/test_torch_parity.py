@@ -478,3 +478,66 @@ def test_gradient_penalty_training_matches_one_process() -> None:
     for got in ranks:
         for name, value in model.state_dict().items():
             torch.testing.assert_close(got[name], value, rtol=0, atol=1e-5, msg=name)
+
+
+class Mixed(nn.Module):
+    """Layers of different sizes, and a sparse embedding, so several bucket caps give several layouts."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.EmbeddingBag(16, 8, sparse=True)
+        self.layers = nn.Sequential(nn.Linear(8, 32), nn.Tanh(), nn.Linear(32, 32), nn.Tanh(), nn.Linear(32, 4))
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.layers(self.embed(ids))
+
+
+def _buckets_seen(rank: int, world_size: int, kwargs: dict) -> dict:
+    """Per wrapper and iteration, the buckets its comm hook is handed: index and parameter names, in order."""
+    os.environ["GRADSYNC_BUCKET_TUNING"] = "0"
+    seen: dict = {}
+    for kind, wrap in WRAPPERS.items():
+        torch.manual_seed(0)
+        model = Mixed()
+        names = {id(p): n for n, p in model.named_parameters()}
+        ddp = wrap(model, **kwargs)
+        calls: list = []
+
+        def recording(state, bucket, calls=calls, names=names):
+            calls.append((bucket.index(), sorted(names[id(p)] for p in bucket.parameters())))
+            return gradsync.comm.allreduce_hook(state, bucket)
+
+        ddp.register_comm_hook(None, recording)
+        for step in range(3):
+            ids = torch.randint(0, 16, (4, 3), generator=torch.Generator().manual_seed(step * 10 + rank))
+            ddp(ids).sum().backward()
+            seen[(kind, step)] = sorted(calls)
+            calls.clear()
+    return seen
+
+
+BUCKET_CASES = [
+    {},
+    {"bucket_cap_mb": 0.004},
+    {"bucket_cap_mb": 0.004, "find_unused_parameters": True},
+    {"bucket_cap_mb": 0.004, "static_graph": True},
+    {"find_unused_parameters": True},
+]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("kwargs", BUCKET_CASES, ids=[",".join(f"{k}={v}" for k, v in c.items()) for c in BUCKET_CASES])
+def test_every_iteration_buckets_the_parameters_as_torch_does(kwargs: dict) -> None:
+    # Iteration 1 is one bucket unless the graph is dynamic; with find_unused_parameters the buckets are torch's
+    # registration-order ones, reversed, for ever. A hook sees bucket membership (PowerSGD seeds per bucket).
+    # static_graph's iteration 1 all-reduces every bucket after backward, and torch's hook is then handed index 0
+    # for each of them: there only the membership is compared.
+    for seen in spawn(_buckets_seen, args=(kwargs,), timeout=50, pg_timeout=20):
+        for step in range(3):
+            ours, theirs = seen[("gradsync", step)], seen[("torch", step)]
+            if step == 0 and kwargs.get("static_graph"):
+                ours, theirs = sorted(names for _, names in ours), sorted(names for _, names in theirs)
+            assert ours == theirs, f"iteration {step + 1}"
+        if "find_unused_parameters" not in kwargs and "bucket_cap_mb" in kwargs:
+            rebuilt = 2 if kwargs.get("static_graph") else 1  # the iteration from which the buckets are rebuilt
+            assert len(seen[("torch", 0)]) == 2 and len(seen[("torch", rebuilt)]) > 2  # one dense bucket, then more

@@ -13,6 +13,12 @@ With the job's store on etcd, h0 (the host that started the job) lost whole, or 
 
     python -m bench.elastic.recovery --runs 5 --etcd host
     python -m bench.elastic.recovery --runs 3 --etcd link
+
+A second fault inside the regroup window (h1 SIGKILLed, h2 exiting as it reaches the next round's formation gate),
+with whether the gate called the round off (gradsync/elastic/formation.py):
+
+    python -m bench.elastic.recovery --runs 3 --during-regroup
+    python -m bench.elastic.recovery --runs 3 --during-regroup --gate-off    # before the gate, for comparison
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ from lab.elastic import (
     any_host_lost,
     check_exactly_once,
     events_of,
+    fault_during_regroup,
     first_step_after,
     paused,
     scenario,
@@ -72,6 +79,26 @@ def measure_any_host(tmp: Path, fault: str) -> dict[str, float]:
     }
 
 
+def longest_stall(out: Path, when: float, pid: int) -> float:
+    """The longest wait between two of ``pid``'s committed steps after ``when``: the regroups' pause, whichever
+    world it ended in (without the gate the restarted workers are back by then, so the survivor is never alone)."""
+    times = sorted(e["t"] for e in events_of(out) if e["pid"] == pid)
+    return max(b - a for a, b in zip(times, times[1:]) if b > when)
+
+
+def measure_during_regroup(tmp: Path, gate: bool = True) -> dict[str, float]:
+    """Two faults in one regroup window: h0's pause to its first step alone, and whether the round agreed with h2
+    was called off at its gate (else the pause is the group's timeout)."""
+    run = fault_during_regroup(tmp, env=None if gate else {"FORMATION_GATE": "off"})
+    out, (_host, _pid, when) = run["out"], run["faults"][0]
+    check_exactly_once(out, killed=2)
+    return {
+        "survivor's longest stall s": longest_stall(out, when, run["survivors"][0]),
+        "round called off at the gate": float("group was called off" in run["logs"][0]),
+        "waited out a timeout": float("wait timeout" in run["logs"][0]),
+    }
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.elastic.recovery", description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=3)
@@ -88,12 +115,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="the job's store on etcd (a member per host), and h0, which started the job, lost: whole (SIGKILL of "
         "its launcher, worker and etcd member, then a fresh launcher) or its link down for 8 s",
     )
+    parser.add_argument("--during-regroup", action="store_true", help="a second fault inside the regroup window")
+    parser.add_argument("--gate-off", action="store_true", help="with --during-regroup: no formation gate (before)")
     args = parser.parse_args(argv)
     if netlab.available() is not None:
         print(f"skipped: {netlab.available()}")
         return 1
     tmp = lambda: Path(tempfile.mkdtemp(prefix="gselastic"))  # noqa: E731
-    if args.etcd:
+    if args.during_regroup:
+        rows = [measure_during_regroup(tmp(), not args.gate_off) for _ in range(args.runs)]
+    elif args.etcd:
         rows = [measure_any_host(tmp(), args.etcd) for _ in range(args.runs)]
     else:
         rows = [measure(tmp(), args.detected_by) for _ in range(args.runs)]

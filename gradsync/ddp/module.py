@@ -170,6 +170,7 @@ class DistributedDataParallel(nn.Module, Joinable):
             skip_unused=config.skip_unused,
         )
         self._comm_hook_registered = False
+        self._plan_before_regroup: tuple[list[int], list[int]] | None = None
         collectives = ForwardCollectives(self._comm, buffer_sync, self.reducer)
         self._join_protocol = JoinProtocol(self, self._comm, collectives, self.reducer, self.module, config.ignored)
         self._forward_steps = ForwardSteps(collectives, self._join_protocol, self.reducer, self._params, frozen)
@@ -183,8 +184,10 @@ class DistributedDataParallel(nn.Module, Joinable):
         if self._process_group is not None:
             raise ConfigError("rebuild_for_new_group works with the default process group (process_group=None)")
         hook, recorder = self._hook, self._forward_steps.attached_recorder()
+        plan = self.reducer.bucket_plan()
         self.reducer.close()
         self._build_runtime()
+        self._plan_before_regroup = plan  # what shared_layout() sends if this worker is the new round's rank 0
         verify_same_model(self._comm, self.module, self._config.ignored, self._collective_settings())
         broadcast_initial_state(self._comm, self.module, True, self._config.ignored)
         if hook is not None:  # its per-rank memory dropped; the shared part arrives with the elastic state
@@ -205,6 +208,17 @@ class DistributedDataParallel(nn.Module, Joinable):
         """Take rank 0's :meth:`shared_hook_state` (every member of a new elastic round does)."""
         if self._hook is not None:
             regroup.load_shared_state(*self._hook, shared)
+
+    def shared_layout(self) -> tuple[list[int], list[int]] | None:
+        """The rebuilt buckets' parameter order and caps (None until rebuilt; after :meth:`rebuild_for_new_group`,
+        the previous reducer's), for gradsync.elastic to send rank 0's to the members of a new round with the rest
+        of its state (:meth:`load_shared_layout`)."""
+        return self.reducer.bucket_plan() or self._plan_before_regroup
+
+    def load_shared_layout(self, plan: tuple[list[int], list[int]] | None) -> None:
+        """Take rank 0's :meth:`shared_layout` before the new round's first forward: its reducer starts with those
+        buckets instead of learning them again in an iteration of one bucket (every member of the round does)."""
+        self.reducer.start_from(plan)
 
     def __getstate__(self) -> dict[str, Any]:
         if self._process_group is not None:

@@ -19,6 +19,8 @@ key                                    meaning                                  
 ``round<k>/members``                   round k's members, JSON, in rank order                round k's leader
 ``round<k>/requests``                  join requests counted when round k formed             round k's leader
 ``round<k>/admit_at``                  the step at whose boundary round k admits joiners     round k's rank 0
+``round<k>/arrived``                   counter: members at round k's formation gate          members
+``round<k>/gate``                      "open", or why round k was called off (compare_set)   the last in, watchers
 ``round<k>/group/...``                 round k's process group (torch's own keys)            torch
 ``done``, ``finished``                 the members finished; how many did                    members
 =====================================  ====================================================  =====================
@@ -77,6 +79,14 @@ def requests(round_number: int) -> str:
 
 def admit_at(round_number: int) -> str:
     return f"{PREFIX}round{round_number}/admit_at"
+
+
+def arrived(round_number: int) -> str:
+    return f"{PREFIX}round{round_number}/arrived"
+
+
+def gate(round_number: int) -> str:
+    return f"{PREFIX}round{round_number}/gate"
 
 
 def group_prefix(round_number: int) -> str:

@@ -53,7 +53,7 @@ class Membership:
             store.set(keys.worker(os.environ[WORKER_VARIABLE]), str(self.me))
         self.round: Round | None = None
         self.joined_late = False  # admitted into a running job: it receives the members' state first
-        self._group = RoundGroup(store, timeouts)
+        self._group = RoundGroup(store, timeouts, alarm_store=beat_store)
         self._admission: tuple[Round, Admission] | None = None  # the current round's, read by the heartbeat thread
         self._finished_without_me = False
         self.liveness = Liveness(

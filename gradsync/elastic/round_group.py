@@ -1,6 +1,7 @@
 """A round's process group: a fresh default group on a store prefix of the round's own (``round<k>/group/``), with
-no process restart; and a lost member posted into it as that rank's failure report, so the survivors whose
-collective failed do not wait for the report a dead rank never posts."""
+no process restart, formed once every member is at the gate (:mod:`.formation`); and a lost member posted into it as
+that rank's failure report, so the survivors whose collective failed do not wait for the report a dead rank never
+posts."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import torch.distributed as dist
 
 from gradsync import torch_private
 from gradsync.collectives.peer_errors import post_gone
-from gradsync.elastic import keys
+from gradsync.elastic import formation, keys
 from gradsync.elastic.errors import MembershipChanged
 from gradsync.elastic.rounds import Round
 from gradsync.elastic.timeouts import Timeouts
@@ -18,12 +19,15 @@ from gradsync.elastic.timeouts import Timeouts
 
 class RoundGroup:
     """The current round's process group, formed over the job's ``store`` with the ``timeouts``' collective one
-    (a collective with a stopped member fails after it)."""
+    (a collective with a stopped member fails after it). ``alarm_store``: the heartbeat thread's own connection,
+    on which :meth:`tell_members` calls a forming round off (the training thread's waits on ``store``)."""
 
-    def __init__(self, store: dist.Store, timeouts: Timeouts) -> None:
+    def __init__(self, store: dist.Store, timeouts: Timeouts, alarm_store: dist.Store | None = None) -> None:
         self._store = store
+        self._alarm_store = alarm_store or store
         self._timeouts = timeouts
         self._group_store: tuple[Round, dist.Store] | None = None  # the current round's group store, as torch has it
+        self._forming: Round | None = None  # the round whose group is being formed, read by the heartbeat thread
 
     def form(self, round_: Round) -> None:
         """A fresh default process group for ``round_`` (the previous one, if any, is destroyed first)."""
@@ -32,6 +36,15 @@ class RoundGroup:
                 dist.destroy_process_group()
             except Exception:  # a group with dead members may not close cleanly; it is dropped either way
                 pass
+        self._forming = round_
+        try:
+            formation.arrive(self._store, round_, self._timeouts.collective)  # or called off: a member is gone
+            self._init_group(round_)
+        finally:
+            self._forming = None
+        self._group_store = (round_, torch_private.default_store())
+
+    def _init_group(self, round_: Round) -> None:
         prefix = dist.PrefixStore(keys.group_prefix(round_.number), self._store)
         try:
             dist.init_process_group(
@@ -48,12 +61,15 @@ class RoundGroup:
             # reset it too, or this worker's keys never match the others' again.
             torch_private.reset_group_count()
             raise MembershipChanged(f"forming round {round_.number}'s group failed: {exc}") from exc
-        self._group_store = (round_, torch_private.default_store())
 
     def tell_members(self, member: int, why: str) -> None:
         """From the heartbeat thread: a member of this round is gone. Post it as that rank's report in the round's
         group, where a member whose collective just failed waits a moment for the peers' reports: a dead rank never
-        posts one, and the survivors would wait for it (2 s) on every SIGKILL."""
+        posts one, and the survivors would wait for it (2 s) on every SIGKILL. A member of the round being formed
+        calls that round off (:mod:`.formation`): its members would otherwise wait out the group's timeout."""
+        forming = self._forming
+        if forming is not None and member in forming.members:
+            formation.call_off(self._alarm_store, forming.number, f"worker {member} {why}")
         known = self._group_store
         if known is None or member not in known[0].members:
             return

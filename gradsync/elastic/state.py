@@ -225,6 +225,7 @@ class State:
             "counters": self.counters,
             "rng": rng_state(),
             "hook": self.model.shared_hook_state(),  # e.g. PowerSGD's generator, DiLoCo's anchor
+            "layout": self.model.shared_layout(),  # the rebuilt buckets: no iteration of one bucket to relearn them
         }
         state = Communicator().broadcast_object(Op.ELASTIC_STATE, mine)
         if self._sharded:
@@ -234,6 +235,7 @@ class State:
         self.loader.load_state_dict(state["loader"])
         self.steps, self.counters = state["steps"], dict(state["counters"])
         self.model.load_shared_hook_state(state["hook"])
+        self.model.load_shared_layout(state["layout"])
         set_rng_state(state["rng"])
         for p in self.model.parameters():
             p.grad = None  # the half-done step's gradients are dropped

@@ -10,6 +10,7 @@ arguments again.
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -55,6 +56,19 @@ class BucketCaps:
             bytes_cap=int(torch_cap * MIB),
             bytes_cap_list=tuple(int(c * MIB) for c in cap_list or ()),
         )
+
+    def first_limits(self, rebuilds: bool) -> list[int]:
+        """Iteration 1's limits, torch's (``_BucketCapacityConfig.compute_bucket_size_limits``, torch 2.13): where
+        the buckets will be rebuilt in the observed order, iteration 1 has one bucket, since registration order need
+        not be execution order and a bucket waiting on a late gradient would stall the ones after it; with a dynamic
+        graph (never rebuilt) or a ``bucket_cap_mb_list``, the configured caps.
+
+        >>> BucketCaps.parse(None, None, tuning=False, device_type="cpu").first_limits(rebuilds=True) == [sys.maxsize]
+        True
+        """
+        if rebuilds and not self.bytes_cap_list:
+            return [sys.maxsize]
+        return list(self.limits)
 
     @property
     def is_default(self) -> bool:

@@ -28,12 +28,14 @@ class BucketLayout:
         as_view: bool,
         sparse: Sequence[bool] | None = None,
         storage: Storage | None = None,
+        reverse: bool = False,
     ) -> None:
-        self.order = list(order)
         self.limits = list(limits)
         self.as_view = as_view
         self.sparse = sparse
-        groups = assign_buckets(params, self.order, self.limits, sparse)
+        groups = assign_buckets(params, order, self.limits, sparse)
+        if reverse:  # torch's initial assignment: sorted by first parameter, then reversed (see first())
+            groups = sorted(groups, key=min)[::-1]
         dense = [group for group in groups if not (sparse and sparse[group[0]])]
         self.storage = _storage_for(params, dense, None if as_view else storage)
         slices = _slices(params, dense, self.storage)
@@ -59,6 +61,22 @@ class BucketLayout:
         self._flat_params = [p for b in self.dense for p in b.params]
         self._flat_views = [v for b in self.dense for v in b.views]
         self._flat_indices = [i for b in self.dense for i in b.param_indices]
+
+    @classmethod
+    def first(
+        cls, params: Sequence[torch.Tensor], limits: Sequence[int], as_view: bool, sparse: Sequence[bool] | None
+    ) -> BucketLayout:
+        """Iteration 1's layout, as torch builds it (``DistributedDataParallel._ddp_init_helper``): parameters
+        bucketed in registration order, the buckets sorted by their first parameter and then reversed, so the
+        bucket of the last-registered parameters (whose gradients are guessed to be ready first) is launched first.
+        Inside a bucket the parameters stay in registration order. Each gradient's place in its bucket decides the
+        order in which a ring all-reduce of three or more ranks adds it up, so the layout is part of bit-for-bit
+        parity with torch's DDP.
+
+        >>> [b.param_indices for b in BucketLayout.first([torch.zeros(4)] * 3, [16, 1 << 20], False, None).buckets]
+        [[1, 2], [0]]
+        """
+        return cls(params, range(len(params)), limits, as_view, sparse, reverse=True)
 
     def __len__(self) -> int:
         return len(self.buckets)

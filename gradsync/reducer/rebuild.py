@@ -15,7 +15,10 @@ collectives, and the CPU they take from backward) and nothing it does not (forwa
 
 States, advanced identically on every rank (a joined rank's shadow steps advance them too)::
 
-    NEVER (dynamic graph)   RECORDING -> PENDING -> [TRIAL -> DECIDING] -> DONE
+    NEVER (dynamic graph)   [WAITING ->] RECORDING -> PENDING -> [TRIAL -> DECIDING] -> DONE
+
+WAITING is static_graph's iteration 1: torch's Reducer records no ready order while it learns the graph (its
+all-reduce waits for the end of that backward), so it records iteration 2's and rebuilds before iteration 3.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from gradsync.collectives.communicator import Communicator, Op
 from gradsync.observe.clock import Clock, HostClock, Mark
 from gradsync.reducer import autotune
 from gradsync.reducer.buckets import MIB, assign_buckets
+from gradsync.reducer.caps import BucketCaps
 from gradsync.reducer.layout import BucketLayout, Storage
 
 log = logging.getLogger("gradsync")
@@ -42,6 +46,7 @@ KEEP_MARGIN = 0.02  # the proposal must measure at least this much faster than t
 
 class State(enum.Enum):
     NEVER = "no rebuild (dynamic graph)"
+    WAITING = "static_graph's iteration 1: the ready order is recorded from iteration 2"
     RECORDING = "recording iteration 1's ready order"
     PENDING = "rebuild at the next synced forward"
     TRIAL = "alternating the proposed caps and torch's"
@@ -93,25 +98,27 @@ class Rebuild:
         params: Sequence[torch.Tensor],
         comm: Communicator,
         first: BucketLayout,
+        caps: BucketCaps,
         enabled: bool,
-        tune: bool,
         clock: Clock | None = None,
+        record_from_iteration_2: bool = False,
     ) -> None:
         self._params = params
         self._comm = comm
         self._clock = clock or HostClock()  # the device's: on a GPU the host's times are launch times
-        self._limits = list(first.limits)
+        self._limits = list(caps.limits)  # torch's rebuild uses the configured caps, whatever iteration 1 used
         # The rebuilt layouts keep iteration 1's view mode and sparse parameters; the layout itself is not kept, so
         # its buffers are freed once the reducer lets go of it (a whole copy of the gradients otherwise).
         self._as_view, self._sparse = first.as_view, first.sparse
-        self._tune = tune
-        self.state = State.RECORDING if enabled else State.NEVER
+        self._tune = caps.tune
+        self.state = State.NEVER if not enabled else State.WAITING if record_from_iteration_2 else State.RECORDING
         self.tuning: autotune.BucketTuning | None = None
         self.local_order: list[int] = []  # this rank's observed ready order (iteration 1)
         self._ready_marks: list[Mark] = []
         self._backward_start: Mark = None
         self._trial: Trial | None = None
         self._order: list[int] = []  # the rebuilt order, rank 0's (every layout from the rebuild on uses it)
+        self._final_limits: list[int] = []  # the caps kept, once DONE
 
     def disable_tuning(self) -> None:
         """Keep the configured caps at the rebuild: no probe, no proposal, no trial (a stateful comm hook)."""
@@ -137,7 +144,9 @@ class Rebuild:
 
     def backward_done(self) -> None:
         """A synced backward (or a joined rank's shadow of one) ended: every ``.grad`` is final."""
-        if self.state is State.RECORDING:
+        if self.state is State.WAITING:
+            self.state = State.RECORDING
+        elif self.state is State.RECORDING:
             self.state = State.PENDING
         elif self.state is State.TRIAL and self._trial is not None:
             self._trial.add(self._backward_start, self._clock.mark())
@@ -214,8 +223,23 @@ class Rebuild:
         self._finish(winner)
         return winner
 
+    def decided(self) -> tuple[list[int], list[int]] | None:
+        """The rebuilt order and the caps kept, once final; None before."""
+        return (list(self._order), list(self._final_limits)) if self.state is State.DONE else None
+
+    def adopt(self, decided: tuple[list[int], list[int]], release: Callable[[], Storage | None]) -> BucketLayout:
+        """Start from another reducer's :meth:`decided` layout (rank 0's, for the same model): nothing to learn."""
+        order, limits = decided
+        if sorted(order) != list(range(len(self._params))):
+            raise ValueError(f"a decided bucket order for {len(self._params)} parameters, got one of {len(order)}")
+        self._order, self.local_order = list(order), list(order)
+        layout = self._layout(self._order, list(limits), release())
+        self._finish(layout)
+        return layout
+
     def _finish(self, layout: BucketLayout) -> None:
         self.state = State.DONE
+        self._final_limits = list(layout.limits)
         if self.tuning is not None:
             self.tuning = dataclasses.replace(self.tuning, size_limits=layout.limits)
             if self._comm.rank == 0:

@@ -72,11 +72,12 @@ class Reducer:
         self.names = list(names)
         self.comm = comm
         self.mode = mode
-        # Iteration 1: reverse registration order, torch's guess at the order gradients become ready.
-        first_order = list(reversed(range(len(self.params))))
-        self.layout = BucketLayout(self.params, first_order, list(caps.limits), gradient_as_bucket_view, sparse)
+        self._caps = caps
+        first_limits = caps.first_limits(mode.rebuilds)
+        self.layout = BucketLayout.first(self.params, first_limits, gradient_as_bucket_view, sparse)
         device = self.params[0].device if self.params else torch.device("cpu")
-        self._rebuild = Rebuild(self.params, comm, self.layout, mode.rebuilds, caps.tune, clock_for(device))
+        static = mode is GraphMode.STATIC
+        self._rebuild = Rebuild(self.params, comm, self.layout, caps, mode.rebuilds, clock_for(device), static)
         self._usage = GlobalUsage(len(self.params), mode, comm, assume_same_everywhere=skip_unused)
         self._static = StaticGraph(len(self.params)) if mode is GraphMode.STATIC else None
         self._reduction: BucketReduction = AllReduce(comm)
@@ -106,7 +107,7 @@ class Reducer:
     @property
     def rebuilt(self) -> bool:
         """Whether the one-time rebuild has happened (the tuner's check may still be running)."""
-        return self._rebuild.state not in (State.NEVER, State.RECORDING, State.PENDING)
+        return self._rebuild.state not in (State.NEVER, State.WAITING, State.RECORDING, State.PENDING)
 
     def _needs_output_sink(self) -> bool:
         """Whether this forward's outputs must pass through :mod:`.sink` (as torch's ``_DDPSink``): a dynamic graph
@@ -119,8 +120,9 @@ class Reducer:
             handle.remove()
 
     def steady_bucket_cap(self) -> int:
-        """The byte cap of every bucket after the first, in the current layout."""
-        return self.layout.limits[-1]
+        """The byte cap of every bucket after the first: the current layout's once rebuilt, else the configured one
+        (iteration 1 may be one bucket, see :meth:`BucketCaps.first_limits`)."""
+        return self.layout.limits[-1] if self.rebuilt else self._caps.limits[-1]
 
     def compiled_in_pieces(self) -> None:
         """torch.compile split the model's graph at this reducer's cap (:mod:`gradsync.ddp.compiled`): each
@@ -183,6 +185,24 @@ class Reducer:
         if self._rebuild.done and static is not None and static.may_silence_hooks(order, self.comm.check_desync):
             for i in layout.silence_small_hooks(order):
                 self._handles[i].remove()
+
+    def bucket_plan(self) -> tuple[list[int], list[int]] | None:
+        """The buckets' order and caps once rebuilt (None before, and under static_graph, whose first iterations
+        learn more than the order), for a new group's reducer to :meth:`start_from`."""
+        return None if self._static is not None else self._rebuild.decided()
+
+    def start_from(self, plan: tuple[list[int], list[int]] | None) -> None:
+        """Rank 0's :meth:`bucket_plan`, taken by every member of a new elastic round before its first synced
+        forward: the round starts with the rebuilt buckets, not an iteration of one bucket. That keeps a comm
+        hook's per-bucket memory (PowerSGD's, past its start iteration) sized for buckets that do not change."""
+        if plan is None:
+            return
+        if self.iteration or not self._rebuild.recording:
+            raise ConfigError(
+                f"start_from: this reducer already ran {self.iteration} synced backward(s) "
+                f"({self._rebuild.state.value}); a bucket plan is taken before the first synced forward of a new group"
+            )
+        self.layout = self._rebuild.adopt(plan, self._release_layout)
 
     def _release_layout(self) -> Storage | None:
         """Before the rebuild (or the tuner's trial) builds a layout: let go of the current one and hand its storage

@@ -28,6 +28,25 @@ g = torch.Generator().manual_seed(0)
 x = torch.randn(480, 8, generator=g)
 data = TensorDataset(x, x @ torch.randn(8, 1, generator=g) + 0.1 * torch.randn(480, 1, generator=g))
 
+if os.environ.get("FORMATION_GATE") == "off":  # the bench's "before": members go straight to init_process_group
+    from gradsync.elastic import formation
+
+    formation.arrive = lambda store, round_, seconds: None
+if os.environ.get("EXIT_BEFORE_FORMING") == os.environ.get("GRADSYNC_HOST"):
+    # A second fault inside one regroup window, placed exactly: this worker exits (once: its restart does not) as it
+    # reaches the formation gate of a round after the first, so the round was agreed with it and it never arrives.
+    from gradsync.elastic import formation
+
+    arrive, marker = formation.arrive, out / "exited_before_forming"
+
+    def exit_before_arriving(store, round_, seconds):
+        if round_.number > 1 and not marker.exists():
+            marker.write_text(str(pid))
+            os._exit(1)
+        return arrive(store, round_, seconds)
+
+    formation.arrive = exit_before_arriving
+
 job = elastic.init(timeout=float(os.environ.get("ELASTIC_TIMEOUT", "5")))
 torch.manual_seed(0)
 model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1))

@@ -1,0 +1,86 @@
+"""The gate before a round's group forms (gradsync/elastic/formation.py): a member known gone calls the round off
+at once, instead of every survivor waiting out the group's timeout inside init_process_group."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import torch.distributed as dist
+
+from gradsync.elastic import formation
+from gradsync.elastic.errors import MembershipChanged
+from gradsync.elastic.round_group import RoundGroup
+from gradsync.elastic.rounds import Round
+from gradsync.elastic.timeouts import Timeouts
+
+
+def _arrive_in_thread(store: dist.Store, round_: Round, seconds: float, outcome: dict) -> threading.Thread:
+    def run() -> None:
+        began = time.monotonic()
+        try:
+            formation.arrive(store, round_, seconds)
+            outcome[round_.me] = ("open", time.monotonic() - began)
+        except MembershipChanged as exc:
+            outcome[round_.me] = (str(exc), time.monotonic() - began)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread
+
+
+@pytest.mark.timeout(30)
+def test_the_gate_opens_when_every_member_arrived() -> None:
+    store, outcome = dist.HashStore(), {}
+    threads = [_arrive_in_thread(store, Round(2, [4, 7, 9], me), 10.0, outcome) for me in (4, 7, 9)]
+    for t in threads:
+        t.join(15)
+    assert {me: verdict for me, (verdict, _) in outcome.items()} == {4: "open", 7: "open", 9: "open"}
+
+
+@pytest.mark.timeout(30)
+def test_a_member_seen_gone_calls_the_round_off_at_once() -> None:
+    store, outcome = dist.HashStore(), {}
+    round_ = Round(3, [1, 2, 3], 1)  # member 3 never arrives
+    threads = [_arrive_in_thread(store, Round(3, [1, 2, 3], me), 10.0, outcome) for me in (1, 2)]
+    time.sleep(0.2)
+    formation.call_off(store, round_.number, "worker 3 exited (its launcher saw it)")
+    for t in threads:
+        t.join(15)
+    for why, seconds in outcome.values():
+        assert why == "gradsync: round 3's group was called off: worker 3 exited (its launcher saw it)"
+        assert seconds < 2.0  # not the 10 s timeout
+    formation.call_off(store, round_.number, "too late")  # a second verdict changes nothing
+    assert store.get("gradsync/elastic/round3/gate") == b"worker 3 exited (its launcher saw it)"
+
+
+@pytest.mark.timeout(30)
+def test_with_no_one_seen_gone_the_gate_waits_its_timeout_and_says_who_came() -> None:
+    store, outcome = dist.HashStore(), {}
+    _arrive_in_thread(store, Round(5, [1, 2], 1), 0.5, outcome).join(10)
+    why, seconds = outcome[1]
+    assert "round 5: 1 of its 2 members reached its group within 0s" in why and seconds >= 0.5
+
+
+@pytest.mark.timeout(30)
+def test_the_heartbeat_threads_report_calls_a_forming_round_off() -> None:
+    store = dist.HashStore()
+    group = RoundGroup(store, Timeouts(heartbeat=5, collective=10), alarm_store=store)
+    failure: dict = {}
+
+    def form() -> None:
+        began = time.monotonic()
+        try:
+            group.form(Round(2, [0, 1], 0))
+        except MembershipChanged as exc:
+            failure["why"], failure["seconds"] = str(exc), time.monotonic() - began
+
+    thread = threading.Thread(target=form)
+    thread.start()
+    time.sleep(0.3)
+    group.tell_members(1, "exited (its launcher saw it)")  # as Liveness's on_gone, from the heartbeat thread
+    thread.join(15)
+    assert failure["why"] == "gradsync: round 2's group was called off: worker 1 exited (its launcher saw it)"
+    assert failure["seconds"] < 2.0
+    assert not dist.is_initialized()  # no group was formed
