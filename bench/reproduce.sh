@@ -67,6 +67,8 @@ python -m bench.elastic.recovery --runs 3
 python -m bench.elastic.recovery --runs 3 --detected-by allreduce
 python -m bench.elastic.recovery --runs 5 --etcd host
 python -m bench.elastic.recovery --runs 3 --etcd link
+python -m bench.elastic.recovery --runs 3 --during-regroup
+python -m bench.elastic.recovery --runs 3 --during-regroup --gate-off
 python -m bench.elastic.overhead --ranks 3 8 16 --runs 3
 python -m bench.elastic.overhead --ranks 3 8 --runs 3 --store etcd
 # The job's store at 256 and 1,024 simulated ranks, TCPStore and 3 etcd members (docs/scaling.md).

@@ -22,17 +22,27 @@ ROOT = Path(__file__).resolve().parents[1]
 SAMPLES, EPOCHS, HOSTS = 480, 3, 3
 
 
-def launch(lab: list, out: Path, env_extra: dict[str, str], store: str | None = None) -> list[subprocess.Popen]:
+def launch(
+    lab: list, out: Path, env_extra: dict[str, str], store: str | None = None, max_restarts: int = 8
+) -> list[subprocess.Popen]:
     """One launcher per host. ``store``: ``--store``'s value (an etcd cluster), else h0's launcher serves it."""
-    return [launch_on(host, lab[0], out, env_extra, store) for host in lab]
+    return [launch_on(host, lab[0], out, env_extra, store, len(lab), max_restarts) for host in lab]
 
 
-def launch_on(host, first, out: Path, env_extra: dict[str, str], store: str | None = None) -> subprocess.Popen:
+def launch_on(
+    host,
+    first,
+    out: Path,
+    env_extra: dict[str, str],
+    store: str | None = None,
+    nnodes: int = HOSTS,
+    max_restarts: int = 8,
+) -> subprocess.Popen:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RANK", "WORLD_SIZE", "MASTER_", "LOCAL_"))}
     env.update(GLOO_SOCKET_IFNAME=host.interface, GRADSYNC_HOST=f"h{host.index}", PYTHONPATH=str(ROOT))
     env.update(OMP_NUM_THREADS="1", **env_extra)
-    argv = [sys.executable, "-m", "gradsync", "run", "--elastic", "--nnodes", str(HOSTS), "--nproc-per-node", "1"]
-    argv += ["--max-restarts", "8", "--local-addr", host.address]
+    argv = [sys.executable, "-m", "gradsync", "run", "--elastic", "--nnodes", str(nnodes), "--nproc-per-node", "1"]
+    argv += ["--max-restarts", str(max_restarts), "--local-addr", host.address]
     if store:  # the job's store is etcd's: no rendezvous endpoint (gradsync run refuses one it would not use)
         argv += ["--store", store, "--rdzv-id", f"lab-{out.name}"]
     else:
@@ -90,22 +100,22 @@ def finish(procs: list[subprocess.Popen], timeout: float = 240) -> list[str]:
     return logs
 
 
-def check_exactly_once(out: Path, epochs: int = EPOCHS, killed: int = 0) -> None:
+def check_exactly_once(out: Path, epochs: int = EPOCHS, killed: int = 0, hosts: int = HOSTS) -> None:
     """Every sample of every epoch was in exactly one committed step's batch on exactly one rank.
 
     A worker SIGKILLed after its step committed but before it wrote the line leaves a hole in the record, not in
     the training: such a step (the other ranks recorded it with a world size larger than the ranks recorded) gets
     the missing ranks' shares from the loader's own partition. So does a survivor whose all-reduce failed in a step
     another member committed: the next round takes that member's state, so the step counts on every member (its
-    gradients were everyone's), though this one never recorded it. At most ``HOSTS - 1`` per kill injected.
+    gradients were everyone's), though this one never recorded it. At most ``hosts - 1`` per kill injected.
     """
-    events = events_of(out) + unrecorded_shares(events_of(out), killed)
+    events = events_of(out) + unrecorded_shares(events_of(out), killed, hosts)
     for epoch in range(epochs):
         counts = Counter(i for e in events if e["epoch"] == epoch for i in e["indices"])
         assert sorted(counts) == list(range(SAMPLES)) and set(counts.values()) == {1}, f"epoch {epoch}"
 
 
-def unrecorded_shares(events: list[dict], killed: int) -> list[dict]:
+def unrecorded_shares(events: list[dict], killed: int, hosts: int = HOSTS) -> list[dict]:
     by_step: dict[tuple, list[dict]] = {}
     for e in events:
         by_step.setdefault((e["epoch"], e["position"], e["world"]), []).append(e)
@@ -115,7 +125,7 @@ def unrecorded_shares(events: list[dict], killed: int) -> list[dict]:
         loader.set_epoch(epoch)
         missing = sorted(set(range(world)) - {e["rank"] for e in recorded})
         filled += [{"epoch": epoch, "indices": loader.share(position, world, r)[0]} for r in missing]
-    allowed = killed * (HOSTS - 1)
+    allowed = killed * (hosts - 1)
     assert len(filled) <= allowed, f"{len(filled)} ranks' committed steps unrecorded, {killed} kills injected"
     return filled
 

@@ -1,0 +1,185 @@
+"""``python -m bench.elastic.chaos``: an elastic job on 8 hosts (network namespaces, 1 rank each) under random
+faults, several in flight at once, for a wall-clock budget (lab/chaos.py), checked from the workers' own records
+and reported:
+
+    python -m bench.elastic.chaos --hosts 8 --budget 120 --mean 10 --seed 0
+
+Checked: every sample of every epoch used by exactly one committed step; the final parameters identical on every
+host; the job finished. Reported: faults injected by kind, steps committed over steps attempted (torchft's measure:
+a step a fault aborted is attempted, not committed), the pause after each fault (the longest wait between two of the
+job's committed steps before the next fault, at most ``WINDOW_S``) as p50/p95/p99/max by kind, the time until a
+victim's host trains again, and the CPU the run used. Writes ``bench/results/chaos-<seed>.json`` and ``.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import statistics
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+
+from lab import chaos, netlab
+from lab.elastic import check_exactly_once, events_of, finals
+from lab.results import write_json
+
+WINDOW_S = 15.0  # a pause is looked for this long after its fault (or until the next one)
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The nearest-rank percentile (``q`` in 0..100) of ``values``.
+
+    >>> percentile([1.0, 2.0, 3.0, 4.0], 50), percentile([1.0, 2.0, 3.0, 4.0], 99)
+    (2.0, 4.0)
+    """
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(q / 100 * len(ordered)) - 1)]
+
+
+def step_times(out: Path) -> list[float]:
+    """When each committed step was recorded, once per step (its ranks write it within milliseconds)."""
+    first: dict[tuple, float] = {}
+    for e in events_of(out):
+        key = (e["epoch"], e["position"], e["world"], e["step"])
+        first[key] = min(first.get(key, e["t"]), e["t"])
+    return sorted(first.values())
+
+
+def pauses(times: list[float], faults: list[chaos.Fault]) -> list[float]:
+    """Per fault: the longest gap between consecutive committed steps from the fault to the next fault (at most
+    WINDOW_S later). With faults close together one gap can count for both: it is each one's pause."""
+    ends = [f.t for f in faults[1:]] + [math.inf]
+    found = []
+    for fault, end in zip(faults, ends):
+        stop = min(end, fault.t + WINDOW_S)
+        inside = [t for t in times if fault.t <= t <= stop]
+        before = [t for t in times if t < fault.t][-1:]
+        after = [t for t in times if t > stop][:1]
+        points = before + inside + after
+        # A wait running past the next fault is counted up to it: the rest is the next fault's.
+        gaps = (min(b, end) - max(a, fault.t) for a, b in zip(points, points[1:]))
+        found.append(max(gaps, default=math.inf))
+    return found
+
+
+def back_after(out: Path, fault: chaos.Fault) -> float:
+    """Seconds until the last of the fault's hosts commits a step again (a restarted worker rejoined, or the stopped
+    or cut-off one was admitted again)."""
+    silent = chaos.SILENT_S if fault.kind in ("sigstop", "link") else 0.0
+    host_of = {int(p.stem): p.read_text() for p in out.glob("*.pid")}
+    backs = []
+    for host in fault.hosts:
+        later = [e["t"] for e in events_of(out) if host_of.get(e["pid"]) == host and e["t"] > fault.t + silent]
+        backs.append(min(later, default=math.inf) - fault.t)
+    return max(backs)
+
+
+def summarize(result: chaos.ChaosRun, cpu_s: float, wall_s: float) -> dict:
+    out = result.out
+    check_exactly_once(out, result.epochs, killed=sum(len(f.pids) for f in result.faults), hosts=result.hosts)
+    ended = finals(out)
+    checksums = {round(f["checksum"], 9) for f in ended}
+    assert len(checksums) == 1, f"the final parameters differ across hosts: {sorted(checksums)}"
+    assert len(ended) >= result.hosts, f"{len(ended)} workers finished, of {result.hosts} hosts"
+    # h0's worker is never a victim: its recoveries are every regroup of the job; those not made to admit a
+    # joiner each aborted the step in flight.
+    aborted = [r for r in max(ended, key=lambda f: f["steps"])["recoveries"] if "admitting" not in r["reason"]]
+    committed = max(f["steps"] for f in ended)
+    paused = pauses(step_times(out), result.faults)
+    by_kind: dict[str, dict] = {}
+    for kind in sorted({f.kind for f in result.faults}):
+        mine = [p for p, f in zip(paused, result.faults) if f.kind == kind]
+        backs = [back_after(out, f) for f in result.faults if f.kind == kind]
+        by_kind[kind] = {
+            "faults": len(mine),
+            "pause p50 s": percentile(mine, 50),
+            "pause p95 s": percentile(mine, 95),
+            "pause p99 s": percentile(mine, 99),
+            "pause max s": max(mine),
+            "back median s": statistics.median(backs),
+        }
+    return {
+        "hosts": result.hosts,
+        "faults": dict(Counter(f.kind for f in result.faults)),
+        "skipped (no host free)": result.skipped,
+        "steps committed": committed,
+        "steps attempted": committed + len(aborted),
+        "committed fraction": committed / (committed + len(aborted)),
+        "by kind": by_kind,
+        "pauses": [{"kind": f.kind, "t": f.t, "hosts": f.hosts, "pause s": p} for f, p in zip(result.faults, paused)],
+        "cpu used": cpu_s / (wall_s * (os.cpu_count() or 1)),
+        "wall s": wall_s,
+    }
+
+
+def plot(summary: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4))
+    start = min((p["t"] for p in summary["pauses"]), default=0.0)
+    for kind in sorted(summary["by kind"]):
+        mine = [p for p in summary["pauses"] if p["kind"] == kind]
+        ax.scatter([p["t"] - start for p in mine], [p["pause s"] for p in mine], label=kind, s=14)
+    ax.set_xlabel("time since the first fault (s)")
+    ax.set_ylabel("pause after the fault (s)")
+    ax.set_title(f"{summary['hosts']} hosts, {sum(summary['faults'].values())} faults")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.elastic.chaos", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--hosts", type=int, default=8)
+    parser.add_argument("--budget", type=float, default=120.0, help="seconds of faults")
+    parser.add_argument("--mean", type=float, default=10.0, help="mean seconds between faults")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--kinds", nargs="+", default=list(chaos.KINDS), choices=chaos.KINDS)
+    parser.add_argument("--results", type=Path, default=Path("bench/results"))
+    args = parser.parse_args(argv)
+    if netlab.available() is not None:
+        print(f"skipped: {netlab.available()}")
+        return 1
+    began, cpu_before = time.monotonic(), _children_cpu()
+    result = chaos.run(
+        Path(tempfile.mkdtemp(prefix="gschaos")), args.hosts, args.budget, args.mean, args.seed, args.kinds
+    )
+    summary = summarize(result, _children_cpu() - cpu_before, time.monotonic() - began)
+    args.results.mkdir(parents=True, exist_ok=True)
+    write_json(args.results / f"chaos-{args.seed}.json", summary)
+    plot(summary, args.results / f"chaos-{args.seed}.png")
+    print(report(summary))
+    return 0
+
+
+def report(summary: dict) -> str:
+    lines = [
+        f"{summary['hosts']} hosts, faults {summary['faults']} ({summary['skipped (no host free)']} skipped: no host "
+        f"free), steps committed {summary['steps committed']} of {summary['steps attempted']} attempted "
+        f"({summary['committed fraction']:.1%}), CPU used {summary['cpu used']:.0%} of the machine",
+        f"{'kind':8s} {'faults':>6s} {'p50':>6s} {'p95':>6s} {'p99':>6s} {'max':>6s} {'back':>6s}",
+    ]
+    for kind, k in summary["by kind"].items():
+        lines.append(
+            f"{kind:8s} {k['faults']:6d} {k['pause p50 s']:6.2f} {k['pause p95 s']:6.2f} {k['pause p99 s']:6.2f} "
+            f"{k['pause max s']:6.2f} {k['back median s']:6.2f}"
+        )
+    return "\n".join(lines)
+
+
+def _children_cpu() -> float:
+    times = os.times()
+    return times.children_user + times.children_system + times.user + times.system
+
+
+if __name__ == "__main__":
+    sys.exit(main())

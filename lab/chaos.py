@@ -1,0 +1,202 @@
+"""The chaos lab: an elastic job (``gradsync run --elastic``, tests/scripts/elastic_train.py) on N hosts (network
+namespaces, 1 rank each) under faults drawn from a seeded schedule for a wall-clock budget, several in flight at
+once; then the job's own records checked as a user would check them. ``python -m bench.elastic.chaos`` reports it.
+
+Faults (h0 is never a victim: its launcher serves the job's store, and a TCPStore lost ends the job by design):
+
+- ``sigkill``: a worker SIGKILLed (its launcher restarts it, and it rejoins);
+- ``pair``: two workers on two hosts SIGKILLed ``PAIR_GAP_S`` apart (the second inside the first's regroup);
+- ``host``: a host's launcher and worker SIGKILLed together, a fresh launcher started there ``HOST_DOWN_S`` later;
+- ``sigstop``: a worker stopped past the heartbeat timeout, then continued (it finds itself left out and rejoins);
+- ``link``: a host's link down past the heartbeat timeout, then up (its worker rejoins the majority).
+
+Loss on a link (netem) and etcd member faults are not drawn yet: see docs/elastic.md.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from lab import netlab
+from lab.elastic import SAMPLES, events_of, finals, inject, launch, launch_on, pid_of
+
+KINDS = ("sigkill", "pair", "host", "sigstop", "link")
+PAIR_GAP_S = 0.3
+HOST_DOWN_S = 2.0
+STEP_SLEEP_S = 0.05
+TIMEOUT_S = 5.0  # the job's heartbeat (and collective) timeout
+SILENT_S = TIMEOUT_S + 2.0  # how long a stopped worker or a downed link stays so
+
+
+@dataclass
+class Fault:
+    kind: str
+    t: float  # time.time() when it was injected
+    hosts: list[str]
+    pids: list[int]  # the workers it hit, as they were
+
+
+@dataclass
+class ChaosRun:
+    out: Path
+    hosts: int
+    epochs: int
+    faults: list[Fault] = field(default_factory=list)
+    skipped: int = 0  # scheduled faults with no host free to take them
+    logs: list[str] = field(default_factory=list)
+
+
+def schedule(seed: int, budget_s: float, mean_s: float, kinds: Sequence[str]) -> list[tuple[float, str]]:
+    """Offsets from the start (exponential gaps of mean ``mean_s``) and kinds, drawn from ``seed`` alone.
+
+    >>> schedule(1, 30, 10, ["sigkill"]) == schedule(1, 30, 10, ["sigkill"])
+    True
+    """
+    rng, t, out = random.Random(seed), 0.0, []
+    while True:
+        t += rng.expovariate(1.0 / mean_s)
+        if t >= budget_s:
+            return out
+        out.append((t, rng.choice(list(kinds))))
+
+
+def epochs_for(budget_s: float, hosts: int) -> int:
+    """Epochs that keep the job training for about the budget at full size (one step is ~STEP_SLEEP_S + 0.02 s)."""
+    steps_per_epoch = SAMPLES // (4 * hosts)
+    return max(3, int(budget_s / (STEP_SLEEP_S + 0.02) / steps_per_epoch))
+
+
+def run(
+    tmp: Path, hosts: int = 8, budget_s: float = 120.0, mean_s: float = 10.0, seed: int = 0, kinds=KINDS
+) -> ChaosRun:
+    """Start the job, inject the schedule's faults while the budget lasts, let the job finish; returns the record."""
+    out = tmp / f"chaos-{seed}"
+    out.mkdir()
+    result = ChaosRun(out, hosts, epochs_for(budget_s, hosts))
+    variables = {"STEP_SLEEP": str(STEP_SLEEP_S), "ELASTIC_TIMEOUT": str(TIMEOUT_S), "EPOCHS": str(result.epochs)}
+    with netlab.lab(hosts=hosts, rate="1gbit", prefix="gschaos") as lab:
+        procs = launch(lab, out, variables, max_restarts=10_000)
+        try:
+            _wait_for_steps(out, 10)
+            injector = _Injector(lab, procs, out, variables)
+            start = time.monotonic()
+            for offset, kind in schedule(seed, budget_s, mean_s, kinds):
+                time.sleep(max(0.0, start + offset - time.monotonic()))
+                if _job_done(out):
+                    break
+                fault = injector.inject(kind, random.Random(f"{seed}-{offset}"))
+                if fault is None:
+                    result.skipped += 1
+                else:
+                    result.faults.append(fault)
+            injector.settle()
+            result.logs = _finish(injector.procs, timeout=budget_s + 300)
+        finally:
+            for pid in [p.pid for p in procs] + [int(f.stem) for f in out.glob("*.pid")]:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+    return result
+
+
+class _Injector:
+    """Injects one fault of a kind on hosts that are free (no fault of theirs still in progress, a worker that
+    committed a step since it started); slow faults (a stop, a link down, a host's reboot) run in threads."""
+
+    def __init__(self, lab: list, procs: list[subprocess.Popen], out: Path, variables: dict[str, str]) -> None:
+        self.lab, self.procs, self.out, self.variables = lab, procs, out, variables
+        self.busy: set[int] = set()  # host indices with a fault in progress
+        self.lock = threading.Lock()
+        self.threads: list[threading.Thread] = []
+
+    def inject(self, kind: str, rng: random.Random) -> Fault | None:
+        free = [k for k in range(1, len(self.lab)) if k not in self.busy and self._training(k)]
+        count = 2 if kind == "pair" else 1
+        if len(free) < count:
+            return None
+        chosen = rng.sample(free, count)
+        pids = [pid_of(self.out, f"h{k}") for k in chosen]
+        fault = Fault(kind, time.time(), [f"h{k}" for k in chosen], pids)
+        if kind in ("sigkill", "pair"):
+            for i, pid in enumerate(pids):
+                if i:
+                    time.sleep(PAIR_GAP_S)
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+        else:
+            self._in_thread(kind, chosen[0], pids[0])
+        return fault
+
+    def _training(self, k: int) -> bool:
+        """Host k's newest worker has committed a step (it is not starting, nor waiting to be admitted)."""
+        with contextlib.suppress(ValueError):
+            pid = pid_of(self.out, f"h{k}")
+            return (self.out / f"{pid}.events").exists() and (self.out / f"{pid}.events").stat().st_size > 0
+        return False
+
+    def _in_thread(self, kind: str, k: int, pid: int) -> None:
+        self.busy.add(k)
+
+        def work() -> None:
+            try:
+                if kind == "host":
+                    self._reboot(k, pid)
+                else:
+                    inject(kind, self.lab[k], pid, SILENT_S)
+            finally:
+                self.busy.discard(k)
+
+        thread = threading.Thread(target=work, name=f"chaos-{kind}-h{k}")
+        thread.start()
+        self.threads.append(thread)
+
+    def _reboot(self, k: int, pid: int) -> None:
+        with self.lock:
+            launcher = self.procs[k]
+        for victim in (launcher.pid, pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(victim, signal.SIGKILL)
+        launcher.communicate()
+        time.sleep(HOST_DOWN_S)
+        fresh = launch_on(self.lab[k], self.lab[0], self.out, self.variables, None, len(self.lab), 10_000)
+        with self.lock:
+            self.procs[k] = fresh
+
+    def settle(self) -> None:
+        for thread in self.threads:
+            thread.join()
+
+
+def _job_done(out: Path) -> bool:
+    return bool(finals(out))
+
+
+def _wait_for_steps(out: Path, steps: int, timeout: float = 180) -> None:
+    deadline = time.monotonic() + timeout
+    while max((e["step"] for e in events_of(out)), default=0) < steps:
+        if time.monotonic() > deadline:
+            raise AssertionError(f"the chaos job made fewer than {steps} steps within {timeout:.0f}s")
+        time.sleep(0.2)
+
+
+def _finish(procs: list[subprocess.Popen], timeout: float) -> list[str]:
+    logs = []
+    deadline = time.monotonic() + timeout
+    for p in procs:
+        try:
+            logs.append(p.communicate(timeout=max(1.0, deadline - time.monotonic()))[0])
+        except subprocess.TimeoutExpired:
+            p.kill()
+            logs.append(p.communicate()[0] + "\n(killed by the chaos lab: still running)")
+    failed = [i for i, p in enumerate(procs) if p.returncode != 0]
+    if failed:
+        raise AssertionError(f"launchers of h{failed} failed:\n" + "\n----\n".join(logs[i][-3000:] for i in failed))
+    return logs
