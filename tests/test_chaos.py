@@ -30,7 +30,9 @@ def test_a_pause_is_the_longest_wait_between_steps_after_its_fault() -> None:
 
 
 @pytest.mark.netlab()
-@pytest.mark.lab  # not yet in the default suite: first run pending (the default suite is at its 15-minute budget)
+# Not yet in the default suite. Its first run (seed 3, 4 hosts): faults injected, every sample used exactly once,
+# but only 1 of the 4 hosts' last workers wrote its final record: to be found before it joins the suite.
+@pytest.mark.lab
 @pytest.mark.timeout(300)
 def test_a_few_seeded_random_faults_lose_nothing(tmp_path: Path) -> None:
     result = chaos.run(tmp_path, hosts=4, budget_s=24, mean_s=5, seed=3, kinds=("sigkill", "pair", "host"))
