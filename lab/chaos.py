@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from lab import netlab
-from lab.elastic import SAMPLES, events_of, finals, inject, launch, launch_on, pid_of
+from lab.elastic import SAMPLES, events_of, finals, inject, kill_all, launch, launch_on, pid_of
 
 KINDS = ("sigkill", "pair", "host", "sigstop", "link")
 PAIR_GAP_S = 0.3
@@ -101,9 +101,7 @@ def run(
             injector.settle()
             result.logs = _finish(injector.procs, timeout=budget_s + 300)
         finally:
-            for pid in [p.pid for p in procs] + [int(f.stem) for f in out.glob("*.pid")]:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
+            kill_all(procs, out)
     return result
 
 

@@ -68,6 +68,13 @@ def launch_on_loopback(
     return subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
+def kill_all(procs: list[subprocess.Popen], out: Path) -> None:
+    """Leave no launcher or worker of the run behind (the workers run in sessions of their own), after a failure too."""
+    for pid in [p.pid for p in procs] + [int(f.stem) for f in out.glob("*.pid")]:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
 def events_of(out: Path) -> list[dict]:
     found = []
     for path in out.glob("*.events"):
@@ -167,10 +174,7 @@ def scenario(
         try:
             return inject_and_finish(lab, procs, out, fault, count)
         finally:
-            # A failed test leaves no launcher or worker behind (the workers run in sessions of their own).
-            for pid in [p.pid for p in procs] + [int(f.stem) for f in out.glob("*.pid")]:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
+            kill_all(procs, out)
 
 
 def fault_during_regroup(tmp_path: Path, env: dict[str, str] | None = None) -> dict:
@@ -198,9 +202,7 @@ def fault_during_regroup(tmp_path: Path, env: dict[str, str] | None = None) -> d
                 "logs": logs,
             }
         finally:
-            for pid in [p.pid for p in procs] + [int(f.stem) for f in out.glob("*.pid")]:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
+            kill_all(procs, out)
 
 
 def store_host_lost(tmp_path: Path, wait: float = 60.0) -> dict:
@@ -226,9 +228,7 @@ def store_host_lost(tmp_path: Path, wait: float = 60.0) -> dict:
                 ended[host] = {"seconds": time.monotonic() - when, "code": p.returncode, "output": output}
             return ended
         finally:
-            for pid in [p.pid for p in procs] + [int(f.stem) for f in out.glob("*.pid")]:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
+            kill_all(procs, out)
 
 
 def any_host_lost(tmp_path: Path, fault: str = "host", down_s: float | None = None) -> dict:
@@ -262,9 +262,7 @@ def any_host_lost(tmp_path: Path, fault: str = "host", down_s: float | None = No
                 logs = finish(procs)
                 return {"out": out, "survivors": survivors, "faults": [("h0", victim, when)], "logs": logs}
             finally:
-                for pid in [p.pid for p in procs] + [int(f.stem) for f in out.glob("*.pid")]:
-                    with contextlib.suppress(ProcessLookupError):
-                        os.kill(pid, signal.SIGKILL)
+                kill_all(procs, out)
 
 
 def inject_and_finish(lab: list, procs: list[subprocess.Popen], out: Path, fault: str, count: int) -> dict:

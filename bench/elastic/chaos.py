@@ -67,14 +67,13 @@ def pauses(times: list[float], faults: list[chaos.Fault]) -> list[float]:
     return found
 
 
-def back_after(out: Path, fault: chaos.Fault) -> float:
+def back_after(events: list[dict], host_of: dict[int, str], fault: chaos.Fault) -> float:
     """Seconds until the last of the fault's hosts commits a step again (a restarted worker rejoined, or the stopped
-    or cut-off one was admitted again)."""
+    or cut-off one was admitted again); ``host_of``: each worker's host, by pid."""
     silent = chaos.SILENT_S if fault.kind in ("sigstop", "link") else 0.0
-    host_of = {int(p.stem): p.read_text() for p in out.glob("*.pid")}
     backs = []
     for host in fault.hosts:
-        later = [e["t"] for e in events_of(out) if host_of.get(e["pid"]) == host and e["t"] > fault.t + silent]
+        later = [e["t"] for e in events if host_of.get(e["pid"]) == host and e["t"] > fault.t + silent]
         backs.append(min(later, default=math.inf) - fault.t)
     return max(backs)
 
@@ -91,10 +90,11 @@ def summarize(result: chaos.ChaosRun, cpu_s: float, wall_s: float) -> dict:
     aborted = [r for r in max(ended, key=lambda f: f["steps"])["recoveries"] if "admitting" not in r["reason"]]
     committed = max(f["steps"] for f in ended)
     paused = pauses(step_times(out), result.faults)
+    events, host_of = events_of(out), {int(p.stem): p.read_text() for p in out.glob("*.pid")}  # read once
     by_kind: dict[str, dict] = {}
     for kind in sorted({f.kind for f in result.faults}):
         mine = [p for p, f in zip(paused, result.faults) if f.kind == kind]
-        backs = [back_after(out, f) for f in result.faults if f.kind == kind]
+        backs = [back_after(events, host_of, f) for f in result.faults if f.kind == kind]
         by_kind[kind] = {
             "faults": len(mine),
             "pause p50 s": percentile(mine, 50),

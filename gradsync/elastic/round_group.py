@@ -22,9 +22,9 @@ class RoundGroup:
     (a collective with a stopped member fails after it). ``alarm_store``: the heartbeat thread's own connection,
     on which :meth:`tell_members` calls a forming round off (the training thread's waits on ``store``)."""
 
-    def __init__(self, store: dist.Store, timeouts: Timeouts, alarm_store: dist.Store | None = None) -> None:
+    def __init__(self, store: dist.Store, timeouts: Timeouts, alarm_store: dist.Store) -> None:
         self._store = store
-        self._alarm_store = alarm_store or store
+        self._alarm_store = alarm_store
         self._timeouts = timeouts
         self._group_store: tuple[Round, dist.Store] | None = None  # the current round's group store, as torch has it
         self._forming: Round | None = None  # the round whose group is being formed, read by the heartbeat thread

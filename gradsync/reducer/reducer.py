@@ -79,7 +79,7 @@ class Reducer:
         static = mode is GraphMode.STATIC
         self._rebuild = Rebuild(self.params, comm, self.layout, caps, mode.rebuilds, clock_for(device), static)
         self._usage = GlobalUsage(len(self.params), mode, comm, assume_same_everywhere=skip_unused)
-        self._static = StaticGraph(len(self.params)) if mode is GraphMode.STATIC else None
+        self._static = StaticGraph(len(self.params)) if static else None
         self._reduction: BucketReduction = AllReduce(comm)
         self._hook_agreed = False  # every rank reduces with the same hook: checked at the first synced backward
         self._recorder = Recorder()
