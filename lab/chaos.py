@@ -16,6 +16,7 @@ Loss on a link (netem) and etcd member faults are not drawn yet: see docs/elasti
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import random
 import signal
@@ -112,6 +113,7 @@ class _Injector:
     def __init__(self, lab: list, procs: list[subprocess.Popen], out: Path, variables: dict[str, str]) -> None:
         self.lab, self.procs, self.out, self.variables = lab, procs, out, variables
         self.busy: set[int] = set()  # host indices with a fault in progress
+        self.hit: dict[int, float] = {}  # host index: when its last fault was injected
         self.lock = threading.Lock()
         self.threads: list[threading.Thread] = []
 
@@ -123,6 +125,7 @@ class _Injector:
         chosen = rng.sample(free, count)
         pids = [pid_of(self.out, f"h{k}") for k in chosen]
         fault = Fault(kind, time.time(), [f"h{k}" for k in chosen], pids)
+        self.hit.update({k: fault.t for k in chosen})
         if kind in ("sigkill", "pair"):
             for i, pid in enumerate(pids):
                 if i:
@@ -134,10 +137,13 @@ class _Injector:
         return fault
 
     def _training(self, k: int) -> bool:
-        """Host k's newest worker has committed a step (it is not starting, nor waiting to be admitted)."""
-        with contextlib.suppress(ValueError):
+        """Host k's newest worker is alive and committed a step since the host's last fault (a victim's replacement
+        has rejoined: until it writes its pid, the newest pid is the victim's)."""
+        with contextlib.suppress(ValueError, OSError):
             pid = pid_of(self.out, f"h{k}")
-            return (self.out / f"{pid}.events").exists() and (self.out / f"{pid}.events").stat().st_size > 0
+            os.kill(pid, 0)
+            lines = (self.out / f"{pid}.events").read_text().splitlines()
+            return bool(lines) and json.loads(lines[-1])["t"] > self.hit.get(k, 0.0)
         return False
 
     def _in_thread(self, kind: str, k: int, pid: int) -> None:

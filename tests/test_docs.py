@@ -224,7 +224,11 @@ LAUNCHED = {
     "gradsync.elastic.ElasticLoader": ("elastic", _JOB + "from gradsync.elastic import ElasticLoader\n"),
     "gradsync.elastic.Membership": ("elastic", ""),
     "gradsync.elastic.init": ("elastic", ""),
-    "gradsync.elastic.JobFinished": ("elastic", ""),
+    "gradsync.elastic.JobFinished": (
+        "elastic",
+        _JOB + "loader = gradsync.elastic.ElasticLoader(dataset, batch_size=32)\n"
+        "state = gradsync.elastic.State(job, model=ddp, optimizer=opt, loader=loader)\n",
+    ),
     "gradsync.elastic.State": ("elastic", _JOB + "loader = gradsync.elastic.ElasticLoader(dataset, batch_size=32)\n"),
     "gradsync.elastic.Recovery": (
         "elastic",
@@ -278,7 +282,7 @@ SETUP = {
 CHECK = {
     # an elastic worker tells the job it is done (elastic.run and State.finish() do), or the others wait for it
     "gradsync.elastic.Recovery": "state.finish()\n",
-    "gradsync.elastic.JobFinished": "job.finished()\n",
+    "gradsync.elastic.JobFinished": "state.finish()\n",
     "gradsync.comm.GradBucket": "ddp.register_comm_hook(None, sum_hook)\nloss_fn(ddp(x), y).backward()\n",
     "gradsync.comm.issues_from_callbacks": "loss_fn(ddp(x), y).backward()\n",
     "gradsync.observe.write_chrome_trace": 'assert read_steps("trace.json")[0]\n',

@@ -72,8 +72,9 @@ def init(
     process group's timeout, after which a collective with a stopped member fails (COLLECTIVE; default:
     ``timeout``); how long a worker asking to join waits to be admitted (ADMISSION).
 
-    If the job finished before this worker could join, the returned job says so (``finished_without_me``), and
-    ``elastic.run`` returns None at once: nothing is left to do.
+    If the job finished before this worker could join (a worker restarted, or a host's launcher started again,
+    as the others finished), it logs so and exits the process with status 0: nothing is left to do, and the lines
+    after ``init`` (a DistributedDataParallel, which needs the group this worker never got) must not run.
 
     Example::
 
@@ -89,7 +90,7 @@ def init(
             round_ = job.next_round()
         except JobFinished as done:
             job.finish_without_me(done)
-            return job
+            raise SystemExit(0) from None
     else:
         round_ = job.first_round(int(os.environ.get("WORLD_SIZE", "1")))
     for _ in range(MAX_FUTILE_RECOVERIES):

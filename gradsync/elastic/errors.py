@@ -19,12 +19,14 @@ class MembershipChanged(GradsyncError):
 
 
 class JobFinished(GradsyncError):
-    """A worker started (or restarted) too late: the others already finished the training. ``elastic.init``
-    returns no job then, and ``elastic.run`` returns None: nothing is left to do.
+    """A worker came too late: the others already finished the training. ``elastic.init`` exits a worker
+    (re)started then with status 0; a member cut off mid-job that asks to join again gets None from ``elastic.run``
+    (``State.begin()`` and ``guard()`` raise this). Nothing is left to do either way.
 
     Example::
 
-        job = gradsync.elastic.init(timeout=10)
-        if job.finished_without_me:   # init caught JobFinished: the others are done, nothing is left to do
+        try:
+            state.begin()                       # a worker cut off and back after the others finished
+        except gradsync.elastic.JobFinished:
             raise SystemExit(0)
     """

@@ -39,7 +39,7 @@ class Membership:
     Example::
 
         job = gradsync.elastic.init(timeout=10)   # this worker's Membership
-        if not job.finished_without_me:           # True for a worker started after the others finished
+        if not job.finished_without_me:           # True for one cut off that came back after the others finished
             print(f"a member lost for {job.timeout} s is left out")
         job.finished()
     """
@@ -56,10 +56,17 @@ class Membership:
         self._group = RoundGroup(store, timeouts, alarm_store=beat_store)
         self._admission: tuple[Round, Admission] | None = None  # the current round's, read by the heartbeat thread
         self._finished_without_me = False
+        self._beat_store = beat_store
         self.liveness = Liveness(
-            beat_store, self.me, timeouts.heartbeat, on_gone=self._group.tell_members, on_beat=self._look_for_admission
+            beat_store, self.me, timeouts.heartbeat, on_gone=self._member_gone, on_beat=self._look_for_admission
         )
         self._rounds = Rounds(store, self.me, self.liveness, timeouts)
+
+    def _member_gone(self, member: int, why: str) -> None:
+        """From the heartbeat thread, on its own connection: a watched member is gone. The round it was deciding
+        is abandoned, the round being formed with it called off, and the current round's members told."""
+        self._rounds.abandon(self._beat_store, member, why)
+        self._group.tell_members(member, why)
 
     @property
     def finished_without_me(self) -> bool:

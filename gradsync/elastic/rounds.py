@@ -5,7 +5,10 @@ ranks, so survivors keep their relative order and newcomers come last. A round: 
 the steps it committed); the first to claim the round's leadership (``compare_set``) waits until every live member
 registered (a live one may first have to time out of a collective), then writes the round's member list, the
 member with the most committed steps first; everyone reads it. A round whose leader dies before naming the members
-is skipped. A joiner registers for the round after the latest formed, until one lists it.
+is abandoned as soon as a member waiting for it sees the leader gone (its launcher's exit report, or its heartbeat):
+that member writes the abandonment where the list would be, and everyone tries the next number. A joiner registers
+for the round after the latest formed, and follows the members to the next number whenever they move past its round
+without naming it.
 """
 
 from __future__ import annotations
@@ -19,13 +22,14 @@ import torch.distributed as dist
 
 from gradsync.elastic import keys
 from gradsync.elastic.errors import JobFinished, MembershipChanged
-from gradsync.elastic.job_status import job_done, job_running
+from gradsync.elastic.job_status import job_running
 from gradsync.elastic.liveness import SUSPECT_BEATS, Liveness
 from gradsync.elastic.timeouts import Timeouts
 from gradsync.errors import GradsyncError
 from gradsync.polling import wait_until
 
 SETTLE_S = 1.0
+ABANDONED = "abandoned"  # the key of a member list's JSON object when the round's leader died deciding it
 
 
 @dataclass(frozen=True)
@@ -53,6 +57,7 @@ class Rounds:
         self._liveness = liveness
         self._timeouts = timeouts
         self._tried = 0  # the last round number this worker registered for
+        self._awaited: tuple[int, int] | None = None  # (round, its leader) this member waits on, for the beat thread
 
     def first(self, expected: int, seconds: float) -> list[int]:
         """Round 1's members: the first worker to arrive waits for ``expected`` in all (at most ``seconds``). A
@@ -75,28 +80,76 @@ class Rounds:
         number = max(current.number, self._tried) + 1
         self._tried = number
         self._store.set(keys.registered(number, self._me), str(steps))
-        if self._store.compare_set(keys.leader(number), "", str(self._me)).decode() == str(self._me):
+        leader = int(self._store.compare_set(keys.leader(number), "", str(self._me)).decode())
+        if leader == self._me:
             self._decide(number, current.members)
-        return number, self._wait_for(keys.members(number), 2 * (SETTLE_S + self._timeouts.collective))
+            return number, self._wait_for(keys.members(number), SETTLE_S)  # its list, or a member's abandonment
+        self._awaited = (number, leader)
+        try:
+            # Watched from now (the heartbeat thread calls abandon() if it goes), and judged at once: its exit may
+            # have been seen already, before this member knew it would lead.
+            if not self._liveness.alive(leader):
+                self.abandon(self._store, leader, self._liveness.why_dead(leader))
+            return number, self._wait_for(keys.members(number), 2 * (SETTLE_S + self._timeouts.collective))
+        finally:
+            self._awaited = None
+
+    def abandon(self, store: dist.Store, member: int, why: str) -> None:
+        """``member`` is gone (``why``): if it leads the round this member waits on, write that round's abandonment
+        where its member list would be, so that every member waiting tries the next number now instead of after
+        ``2 * (SETTLE_S + collective timeout)``. From the heartbeat thread, on its own ``store`` connection (the
+        training thread's waits on the list). A leader that was only slow loses the list's ``compare_set`` and
+        tries the next number too."""
+        awaited = self._awaited
+        if awaited is None or awaited[1] != member:
+            return
+        verdict = {ABANDONED: f"its leader, worker {member}, {why}"}
+        store.compare_set(keys.members(awaited[0]), "", json.dumps(verdict))
 
     def join(self) -> tuple[int, list[int]]:
-        """A joiner registers for the round after the latest formed, and tries the next one if that round formed
-        without it (it registered too late); the members admit it at a step boundary."""
-        seconds = self._timeouts.admission
-        deadline = time.monotonic() + seconds
+        """A joiner registers for the round after the latest formed, and follows the members to the next number
+        when they move past that round without naming it (its leader died); the members admit it at a step
+        boundary. A round that formed without it (it registered too late) counted its request: it asks again."""
+        deadline = time.monotonic() + self._timeouts.admission
+        number = self._current_round() + 1
         while time.monotonic() < deadline:
-            if job_done(self._store):
-                raise JobFinished("the job finished before this worker could join")
-            number = self._current_round() + 1
             self._store.set(keys.registered(number, self._me), "0")
-            members = self._wait_for(keys.members(number), max(1.0, deadline - time.monotonic()), give_up=keys.DONE)
+            members = self._listing(number, deadline)
+            if members is None:  # the members moved past this round: register for the next one too
+                number += 1
+                continue
             if self._me in members:
                 return number, members
             self._store.delete_key(keys.joined(self._me))  # marked expired by that round: still joining
-        raise GradsyncError(
-            f"worker {self._me} was not admitted within {seconds:.0f}s (GRADSYNC_ELASTIC_ADMISSION_TIMEOUT): the "
-            "members reached no step boundary meanwhile, or kept forming rounds without it"
+            self._store.add(keys.JOIN_REQUESTS, 1)  # for the next round's rank 0 to announce an admission
+            number = max(number, self._current_round()) + 1
+        raise self._not_admitted()
+
+    def _not_admitted(self) -> GradsyncError:
+        return GradsyncError(
+            f"worker {self._me} was not admitted within {self._timeouts.admission:.0f}s "
+            "(GRADSYNC_ELASTIC_ADMISSION_TIMEOUT): the members reached no step boundary meanwhile, or kept forming "
+            "rounds without it"
         )
+
+    def _listing(self, number: int, deadline: float) -> list[int] | None:
+        """Round ``number``'s members once listed; None once it was abandoned, or the next round was claimed while
+        it was not listed (its leader died, and the members gave up on it). Polled: a joiner waits on three
+        questions (and on a job that finishes meanwhile: :class:`JobFinished`)."""
+        found: list[list[int] | None] = []
+
+        def answered() -> bool:
+            if self._store.check([keys.DONE]):
+                raise JobFinished("the job finished before this worker could join")
+            if self._store.check([keys.members(number)]):
+                found.append(self._read_members(number))
+            elif self._store.check([keys.leader(number + 1)]):
+                found.append(None)
+            return bool(found)
+
+        if not wait_until(answered, max(0.0, deadline - time.monotonic()), max_pause=0.02):
+            raise self._not_admitted()
+        return found[0]
 
     def pending_joiners(self) -> list[int]:
         count = self._arrived()
@@ -129,7 +182,9 @@ class Rounds:
         members = [m for m in wanted if (everyone or registered(m)) and alive(m)]
         for vanished in set(joiners) - set(members):  # asked to join, then vanished: stop waiting for it
             self._store.set(keys.joined(vanished), "expired")
-        self._store.set(keys.members(number), json.dumps(self._most_committed_first(number, members, current)))
+        listed = json.dumps(self._most_committed_first(number, members, current))
+        if self._store.compare_set(keys.members(number), "", listed).decode() != listed:
+            return  # a member saw this leader gone and abandoned the round meanwhile: agree() reads that
         self._store.set(keys.requests(number), str(requests))
         self._store.set(keys.CURRENT_ROUND, str(number))
 
@@ -157,13 +212,18 @@ class Rounds:
     def _current_round(self) -> int:
         return int(self._store.get(keys.CURRENT_ROUND)) if job_running(self._store) else 0
 
-    def _wait_for(self, key: str, seconds: float, give_up: str | None = None) -> list[int]:
-        """The member list at ``key``, once the round's leader wrote it; a joiner gives up once ``give_up`` is
-        set (e.g. "done": the members finished)."""
-        listed = self._set_within(key, seconds) if give_up is None else self._polled(key, give_up, seconds)
-        if not listed:
+    def _wait_for(self, key: str, seconds: float) -> list[int]:
+        """The member list at ``key``, once the round's leader wrote it (or its abandonment: raises)."""
+        if not self._set_within(key, seconds):
             raise MembershipChanged(f"no member list at {key} within {seconds:.0f}s: the round's leader died")
-        return json.loads(self._store.get(key))
+        listed = json.loads(self._store.get(key))
+        if isinstance(listed, dict):
+            raise MembershipChanged(f"{key}: the round was abandoned: {listed[ABANDONED]}")
+        return listed
+
+    def _read_members(self, number: int) -> list[int] | None:
+        listed = json.loads(self._store.get(keys.members(number)))
+        return None if isinstance(listed, dict) else listed
 
     def _set_within(self, key: str, seconds: float) -> bool:
         """The store waits: a TCPStore answers once the key is set, with no request meanwhile. N members polling
@@ -174,11 +234,3 @@ class Rounds:
         except dist.DistStoreError:  # its timeout
             return False
         return True
-
-    def _polled(self, key: str, give_up: str, seconds: float) -> bool:
-        def listed() -> bool:
-            if self._store.check([give_up]):
-                raise JobFinished("the job finished before this worker could join")
-            return self._store.check([key])
-
-        return wait_until(listed, seconds, max_pause=0.02)

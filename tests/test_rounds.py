@@ -1,0 +1,127 @@
+"""Agreeing on a round's members when a fault lands inside the agreement (gradsync/elastic/rounds.py), in one
+process: workers are Membership objects on one store, each with its own heartbeat thread, and a fault is what a
+launcher writes when its worker exits (liveness.mark_exited)."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+import torch.distributed as dist
+
+from gradsync.elastic import keys
+from gradsync.elastic.errors import MembershipChanged
+from gradsync.elastic.liveness import mark_exited
+from gradsync.elastic.membership import Membership
+from gradsync.elastic.rounds import SETTLE_S
+from gradsync.elastic.timeouts import Timeouts
+from gradsync.polling import wait_until
+
+TIMEOUTS = Timeouts(heartbeat=3.0, collective=3.0, admission=20)
+GIVE_UP_S = 2 * (SETTLE_S + TIMEOUTS.collective)  # what a member waits for a list no leader wrote
+
+
+@pytest.fixture()
+def store() -> dist.Store:
+    return dist.HashStore()
+
+
+@pytest.fixture()
+def workers(store: dist.Store) -> Iterator[list[Membership]]:
+    made: list[Membership] = []
+    yield made
+    for worker in made:
+        worker.stop()
+
+
+def _first_round(store: dist.Store, workers: list[Membership], count: int) -> None:
+    workers += [Membership(store, store, TIMEOUTS) for _ in range(count)]
+    threads = [threading.Thread(target=w.first_round, args=(count, 20)) for w in workers]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert all(w.round is not None and w.round.members == [1, 2, 3][:count] for w in workers)
+
+
+def _claim_and_die(store: dist.Store, worker: Membership, round_number: int) -> None:
+    """``worker`` claims ``round_number``'s leadership and dies before naming the members."""
+    store.set(keys.registered(round_number, worker.me), "0")
+    assert store.compare_set(keys.leader(round_number), "", str(worker.me)) == str(worker.me).encode()
+    worker.stop()
+    mark_exited(store, worker.me)
+
+
+@pytest.mark.timeout(60)
+def test_a_round_whose_leader_dies_deciding_is_abandoned_at_once(store: dist.Store, workers: list) -> None:
+    _first_round(store, workers, 3)
+    survivor, other, leader = workers
+    _claim_and_die(store, leader, 2)
+    start = time.monotonic()
+    with pytest.raises(MembershipChanged, match="abandoned: its leader, worker 3, exited"):
+        survivor.next_round(steps=5)
+    assert time.monotonic() - start < 1.0, f"waited {time.monotonic() - start:.1f}s, not at once ({GIVE_UP_S}s)"
+    assert "abandoned" in json.loads(store.get(keys.members(2)))
+    # Every member then tries the next number (the other one learns of the abandonment first), which forms
+    # without the dead leader.
+    rounds: dict[int, list[int]] = {}
+    elsewhere = threading.Thread(target=lambda: rounds.update({other.me: _agree(other).members}))
+    elsewhere.start()
+    rounds[survivor.me] = _agree(survivor).members
+    elsewhere.join(30)
+    assert rounds == {1: [1, 2], 2: [1, 2]}
+
+
+def _agree(worker: Membership, tries: int = 3):
+    """What elastic.run's recovery does: the next round, again while rounds are abandoned."""
+    for _ in range(tries - 1):
+        try:
+            return worker.next_round(steps=5)
+        except MembershipChanged:
+            pass
+    return worker.next_round(steps=5)
+
+
+@pytest.mark.timeout(60)
+def test_a_joiner_follows_the_members_past_a_round_its_leader_never_named(store: dist.Store, workers: list) -> None:
+    _first_round(store, workers, 2)
+    member, leader = workers
+    joiner = Membership(store, store, TIMEOUTS)
+    workers.append(joiner)
+    joiner.request_to_join()
+    joined: list = []
+    waiting = threading.Thread(target=lambda: joined.append(joiner.next_round()))
+    waiting.start()  # it registers for round 2, the one after the latest formed
+    _claim_and_die(store, leader, 2)
+    with pytest.raises(MembershipChanged):
+        member.next_round(steps=5)
+    start = time.monotonic()
+    assert member.next_round(steps=5).members == [member.me, joiner.me]  # round 3, the joiner registered for it
+    waiting.join(30)
+    assert joined[0].number == 3 and joined[0].members == [member.me, joiner.me]
+    assert time.monotonic() - start < SETTLE_S + 1.0, "the leader waited out the joiner's registration"
+
+
+@pytest.mark.timeout(60)
+def test_a_joiner_a_round_formed_without_asks_again(store: dist.Store, workers: list) -> None:
+    """A round that formed without a joiner counted its request: the joiner asks again, or no rank 0 would ever
+    announce its admission."""
+    _first_round(store, workers, 1)
+    joiner = Membership(store, store, TIMEOUTS)
+    workers.append(joiner)
+    joiner.request_to_join()
+    joined: list = []
+    waiting = threading.Thread(target=lambda: joined.append(joiner.next_round()))
+    waiting.start()
+    assert wait_until(lambda: store.check([keys.registered(2, joiner.me)]), 5)
+    store.set(keys.members(2), json.dumps([1]))  # round 2 formed without it (it registered too late)
+    store.set(keys.requests(2), "1")
+    store.set(keys.CURRENT_ROUND, "2")
+    assert wait_until(lambda: int(store.add(keys.JOIN_REQUESTS, 0)) == 2, 5), "it did not ask again"
+    store.set(keys.members(3), json.dumps([1, joiner.me]))
+    store.set(keys.requests(3), "2")
+    waiting.join(30)
+    assert joined[0].number == 3 and joined[0].rank == 1
