@@ -16,6 +16,7 @@ from torch import nn
 
 from gradsync.collectives.communicator import Communicator, Op
 from gradsync.collectives.tensors import broadcast_tensors
+from gradsync.reducer.local_params import local_of
 
 
 class BufferSync:
@@ -27,7 +28,8 @@ class BufferSync:
         self._ignored = set(ignored)
 
     def buffers(self) -> list[torch.Tensor]:
-        return [b for name, b in self._module.named_buffers() if name not in self._ignored]
+        # A DTensor buffer's local values: the data-parallel peers hold the same shard of it.
+        return [local_of(b) for name, b in self._module.named_buffers() if name not in self._ignored]
 
     def due(self, enabled: bool, previous_forward_synced: bool) -> bool:
         """Whether this forward broadcasts: ``enabled`` is the model's forward_sync_buffers, and the previous forward

@@ -5,6 +5,9 @@ the constructor broadcasts rank 0's parameters and buffers. Before that, a model
 rank-dependent branch, a different config, a buffer of another dtype) would silently mis-pair gradients or be
 unpacked into the wrong bytes; the parameter and buffer lists are compared first, and every rank fails with the
 first difference named.
+
+A DTensor (tensor parallelism) is checked and broadcast by its local shard, with its placements in the signature:
+the members of a data-parallel group hold the same shard of it (torch's DDP broadcasts the same local tensors).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from torch import nn
 from gradsync.collectives.communicator import Communicator, Op
 from gradsync.collectives.tensors import broadcast_tensors
 from gradsync.errors import ModelMismatchError
+from gradsync.reducer.local_params import is_dtensor, local_of
 
 Signature = tuple[str, str, tuple[int, ...], str, str, bool]
 
@@ -25,16 +29,25 @@ def model_signature(module: nn.Module, ignored: Collection[str] = ()) -> list[Si
     """What every rank must agree on: each parameter's and buffer's name, shape, dtype, device type and
     requires_grad (values may differ: rank 0's are broadcast). Names on the ignore list are left out."""
     params = [
-        ("parameter", n, tuple(p.shape), str(p.dtype), p.device.type, p.requires_grad)
+        ("parameter", n, tuple(local_of(p).shape), str(p.dtype), _placed(p), p.requires_grad)
         for n, p in module.named_parameters()
         if n not in ignored
     ]
     buffers = [
-        ("buffer", n, tuple(b.shape), str(b.dtype), b.device.type, False)
+        ("buffer", n, tuple(local_of(b).shape), str(b.dtype), _placed(b), False)
         for n, b in module.named_buffers()
         if n not in ignored
     ]
     return params + buffers
+
+
+def _placed(tensor: torch.Tensor) -> str:
+    """The device type, and for a DTensor its placements and mesh shape (its shape in the signature is local)."""
+    if not is_dtensor(tensor):
+        return tensor.device.type
+    mesh = tensor.device_mesh  # type: ignore[attr-defined]
+    placements = ", ".join(str(p) for p in tensor.placements)  # type: ignore[attr-defined]
+    return f"{tensor.device.type}, a DTensor [{placements}] over a mesh of {tuple(mesh.shape)}"
 
 
 def settings_signature(settings: Mapping[str, object]) -> list[Signature]:
@@ -103,7 +116,7 @@ def broadcast_initial_state(
     comm: Communicator, module: nn.Module, include_buffers: bool, ignored: Collection[str] = ()
 ) -> None:
     """Copy rank 0's parameters (and buffers) to every rank; call after :func:`verify_same_model`."""
-    tensors: list[torch.Tensor] = [p.detach() for n, p in module.named_parameters() if n not in ignored]
+    tensors: list[torch.Tensor] = [local_of(p).detach() for n, p in module.named_parameters() if n not in ignored]
     if include_buffers:
-        tensors += [b for n, b in module.named_buffers() if n not in ignored]
+        tensors += [local_of(b) for n, b in module.named_buffers() if n not in ignored]
     broadcast_tensors(comm, Op.INITIAL_BROADCAST, tensors)

@@ -116,3 +116,12 @@ def compiled_autograd() -> str:
         "False; the compiled forward still overlaps each bucket's all-reduce with backward "
         "(torch._dynamo.config.optimize_ddp='ddp_optimizer', the default)."
     )
+
+
+def per_bucket_with_dtensors(names: Sequence[str], sharded: Sequence[int]) -> str:
+    return (
+        f"a per-bucket callback (OverlappedOptimizer) cannot step tensor-parallel DTensor parameters "
+        f"({', '.join(names[i] for i in sharded[:5])}{' ...' if len(sharded) > 5 else ''}): their buckets hold local "
+        "shards, and the DTensor gradients are made only once every bucket has landed. Use a plain optimizer over "
+        "the model's parameters (torch.optim.AdamW(ddp.parameters())) with tensor parallelism."
+    )

@@ -40,6 +40,7 @@ from gradsync.reducer.autotune import BucketTuning
 from gradsync.reducer.buckets import AnyBucket
 from gradsync.reducer.caps import BucketCaps
 from gradsync.reducer.layout import BucketLayout, Storage
+from gradsync.reducer.local_params import LocalParams
 from gradsync.reducer.mode import GraphMode
 from gradsync.reducer.rebuild import Rebuild, State
 from gradsync.reducer.reduction import AllReduce, BucketReduction, CommHook, HookReduction
@@ -54,7 +55,8 @@ class Reducer:
 
     Driven by :class:`gradsync.DistributedDataParallel`: at each forward whose backward synchronises,
     :meth:`before_synced_forward` then :meth:`prepare_for_backward`; at other forwards :meth:`skip_next_backward`.
-    ``names[i]`` names ``params[i]`` in error messages.
+    ``names[i]`` names ``params[i]`` in error messages. A DTensor parameter (tensor parallelism) is reduced through
+    its local shard (:mod:`.local_params`): ``self.params`` holds the plain tensors the buckets read and write.
     """
 
     def __init__(
@@ -68,7 +70,8 @@ class Reducer:
         sparse: Sequence[bool] | None = None,
         skip_unused: bool = False,
     ) -> None:
-        self.params = list(params)
+        self._local = LocalParams(params)
+        self.params = self._local.locals
         self.names = list(names)
         self.comm = comm
         self.mode = mode
@@ -92,7 +95,9 @@ class Reducer:
         self.iteration = 0  # synced backward passes completed (a joined rank's shadows included)
         self._on_ready: ready.ReadyFunction
         self._follow(None)
-        self._handles = [p.register_post_accumulate_grad_hook(self._make_hook(i)) for i, p in enumerate(self.params)]
+        self._handles = [
+            p.register_post_accumulate_grad_hook(self._make_hook(i)) for i, p in enumerate(self._local.params)
+        ]
 
     # ------------------------------------------------------------------------------------- what it exposes
     @property
@@ -159,6 +164,8 @@ class Reducer:
                 f"a per-bucket callback cannot be used with {self.mode.value}: which parameters were used on any "
                 "rank is only known after the last bucket, too late to hand buckets on early."
             )
+        if self._local.sharded:
+            raise ConfigError(messages.per_bucket_with_dtensors(self.names, self._local.sharded))
         self._bucket_reduced = callback
         self._context = self._make_context()
 
@@ -182,7 +189,13 @@ class Reducer:
         layout.adopt_current_grads()
         self.layout = layout
         static, order = self._static, self._rebuild.local_order
-        if self._rebuild.done and static is not None and static.may_silence_hooks(order, self.comm.check_desync):
+        # A DTensor parameter's hook also brings its gradient in (local_params.py), so none is silenced.
+        if (
+            self._rebuild.done
+            and static is not None
+            and not self._local.sharded
+            and static.may_silence_hooks(order, self.comm.check_desync)
+        ):
             for i in layout.silence_small_hooks(order):
                 self._handles[i].remove()
 
@@ -225,6 +238,8 @@ class Reducer:
         forward's output tensors must pass through for this step, the outputs' sink (:mod:`.sink`), or None."""
         self._raise_if_unfinished()
         self._unused = self._unused_parameters(outputs)
+        if self._local.sharded:
+            self._local.bring_in_all()
         self._forward_thread = threading.get_ident()
         self._follow(BackwardStep(self._context, self.layout, scale, on_all_launched=self._queue_finalize))
         return self._through_sink if self._needs_output_sink() else None
@@ -235,7 +250,7 @@ class Reducer:
     def _unused_parameters(self, outputs: Iterable[torch.Tensor]) -> Sequence[int]:
         if self.mode is GraphMode.FIND_UNUSED:
             with torch.autograd.profiler.record_function("search_unused_parameters"):  # torch's profiler label
-                return unused_parameter_indices(outputs, self.params)
+                return unused_parameter_indices(outputs, self._local.params)
         return (self._static.unused or ()) if self._static is not None else ()
 
     def skip_next_backward(self) -> None:
@@ -260,6 +275,15 @@ class Reducer:
 
     # ------------------------------------------------------------------------------------ the hooks' side
     def _make_hook(self, index: int) -> Callable[[torch.Tensor], None]:
+        if self._local.is_sharded(index):
+            bring_in = self._local.bring_in
+
+            def sharded_hook(_param: torch.Tensor) -> None:
+                bring_in(index)  # the DTensor's gradient, as its local shard (local_params.py)
+                self._on_ready(index)
+
+            return sharded_hook
+
         def hook(_param: torch.Tensor) -> None:
             self._on_ready(index)
 
@@ -386,6 +410,8 @@ class Reducer:
         try:
             with torch.no_grad():
                 step.finish()
+            if self._local.sharded:
+                self._local.publish()
         finally:
             self._follow(step)  # finished, or failed: later gradients accumulate locally
         self._recorder.comm_end()

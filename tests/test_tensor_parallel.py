@@ -1,0 +1,125 @@
+"""Data parallelism over tensor-parallel DTensor parameters (issue 39, part 1): a 2 x 2 mesh ("dp", "tp") on 4 gloo
+ranks, the model given torch's own tensor-parallel plans, then wrapped with device_mesh=mesh["dp"]. The parameters
+after several steps must equal torch's DDP's on the same mesh, and, unlike torch's, the wrapped model keeps its
+DTensor parameters, state_dict and DTensor gradients of the parameters' placements."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import gradsync
+from gradsync.testing import spawn
+
+pytest.importorskip("torch.distributed.tensor.parallel")
+
+
+class Block(nn.Module):
+    """A norm (sequence parallel in one plan), an up and a down projection, and a head no plan shards."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(8)
+        self.up = nn.Linear(8, 16)
+        self.down = nn.Linear(16, 8)
+        self.head = nn.Linear(8, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.down(torch.relu(self.up(self.norm(x)))))
+
+
+def _plan(name: str) -> dict:
+    from torch.distributed.tensor import Shard
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, SequenceParallel
+
+    if name == "mlp":
+        return {"up": ColwiseParallel(), "down": RowwiseParallel()}
+    return {  # sequence parallel: the norm's weights are replicated and their gradients come back partial
+        "norm": SequenceParallel(),
+        "up": ColwiseParallel(input_layouts=Shard(1)),
+        "down": RowwiseParallel(output_layouts=Shard(1)),
+    }
+
+
+def _train(wrapper, mesh, plan: str, as_view: bool, explicit_group: bool, steps: int = 4):
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    torch.manual_seed(0)
+    model = parallelize_module(Block(), mesh["tp"], _plan(plan))
+    where = {"process_group": mesh["dp"].get_group()} if explicit_group else {"device_mesh": mesh["dp"]}
+    ddp = wrapper(model, gradient_as_bucket_view=as_view, **where)
+    optimizer = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    dp = mesh["dp"].get_local_rank()
+    for step in range(steps):
+        x = torch.randn(2, 6, 8, generator=torch.Generator().manual_seed(100 * step + dp))
+        optimizer.zero_grad()
+        ddp(x).pow(2).mean().backward()
+        optimizer.step()
+    return model, ddp
+
+
+def _local_values(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Every weight's local values, read from the modules (torch's DDP leaves them as plain attributes after a
+    forward, not parameters: torch issue 152712)."""
+    from torch.distributed.tensor import DTensor
+
+    out = {}
+    for prefix, module in model.named_modules():
+        for name in ("weight", "bias"):
+            t = module._parameters.get(name) if name in module._parameters else module.__dict__.get(name)
+            if t is not None:
+                out[f"{prefix}.{name}"] = (t.to_local() if isinstance(t, DTensor) else t).detach().clone()
+    return out
+
+
+def _compare(rank: int, world: int, plan: str, as_view: bool, explicit_group: bool) -> dict:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor
+
+    torch.set_num_threads(1)
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+    theirs, _ = _train(torch.nn.parallel.DistributedDataParallel, mesh, plan, False, False)
+    ours, ddp = _train(gradsync.DistributedDataParallel, mesh, plan, as_view, explicit_group)
+    expected, got = _local_values(theirs), _local_values(ours)
+    names = [n for n, _ in ddp.named_parameters()]
+    grads = {
+        n: (str(p.grad.placements) == str(p.placements)) if isinstance(p, DTensor) else not isinstance(p.grad, DTensor)
+        for n, p in ours.named_parameters()
+    }
+    # Over the DTensor parameters: torch's foreach norm refuses plain tensors mixed in, with or without DDP.
+    sharded = [p for p in ours.parameters() if isinstance(p, DTensor)]
+    norm = torch.nn.utils.clip_grad_norm_(sharded, max_norm=1e9)
+    return {
+        "max_diff": max((expected[n] - got[n]).abs().max().item() for n in expected),
+        "same_names": sorted(expected) == sorted(got),
+        "parameters": names,
+        "state_dict": sorted(ddp.state_dict()),
+        "dtensors": sorted(n for n, p in ours.named_parameters() if isinstance(p, DTensor)),
+        "grads_placed": grads,
+        "norm": float(norm.full_tensor() if isinstance(norm, DTensor) else norm),
+    }
+
+
+@pytest.mark.parametrize(
+    "plan, as_view, explicit_group",
+    [("mlp", False, False), ("mlp", True, False), ("sequence", False, False), ("sequence", False, True)],
+)
+def test_tensor_parallel_training_equals_torchs_ddp_and_keeps_dtensors(
+    plan: str, as_view: bool, explicit_group: bool
+) -> None:
+    results = spawn(_compare, world_size=4, args=(plan, as_view, explicit_group), timeout=180, pg_timeout=60)
+    names = ["module.norm.weight", "module.norm.bias", "module.up.weight", "module.up.bias"]
+    names += ["module.down.weight", "module.down.bias", "module.head.weight", "module.head.bias"]
+    sharded = ["down.bias", "down.weight", "up.bias", "up.weight"]
+    if plan == "sequence":
+        sharded = sorted(sharded + ["norm.bias", "norm.weight"])
+    for rank, r in enumerate(results):
+        assert r["same_names"], rank
+        assert r["max_diff"] <= 1e-6, (rank, r["max_diff"])
+        assert r["parameters"] == names, rank  # after forward too: torch's come back empty
+        assert r["state_dict"] == sorted(names), rank
+        assert r["dtensors"] == sharded, rank
+        assert all(r["grads_placed"].values()), (rank, r["grads_placed"])
+    # The norm over the tensor-parallel model is the same number on every rank (DTensor gradients reduce over tp).
+    assert len({round(r["norm"], 6) for r in results}) == 1, [r["norm"] for r in results]
