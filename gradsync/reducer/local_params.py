@@ -72,7 +72,7 @@ class LocalParams:
             if grad.placements != param.placements:  # type: ignore[attr-defined]
                 grad = grad.redistribute(param.device_mesh, param.placements)  # type: ignore[attr-defined]
                 param.grad = grad
-            local.grad = grad.to_local()  # type: ignore[attr-defined]
+            local.grad = grad.to_local()  # type: ignore[attr-defined,union-attr]
 
     def bring_in_all(self) -> None:
         """Before a synced backward: every DTensor's current gradient (None, or what no_sync accumulated), for the
