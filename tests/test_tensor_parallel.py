@@ -123,3 +123,35 @@ def test_tensor_parallel_training_equals_torchs_ddp_and_keeps_dtensors(
         assert all(r["grads_placed"].values()), (rank, r["grads_placed"])
     # The norm over the tensor-parallel model is the same number on every rank (DTensor gradients reduce over tp).
     assert len({round(r["norm"], 6) for r in results}) == 1, [r["norm"] for r in results]
+
+
+def _refusals(rank: int, world: int) -> dict:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    torch.set_num_threads(1)
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+    said = {}
+
+    def refused(name: str, build) -> None:
+        try:
+            build()
+            said[name] = "accepted"
+        except gradsync.GradsyncError as error:
+            said[name] = str(error)
+
+    model = parallelize_module(Block(), mesh["tp"], _plan("mlp"))
+    refused("no group", lambda: gradsync.DistributedDataParallel(model))
+    refused("tp as dp", lambda: gradsync.DistributedDataParallel(model, device_mesh=mesh["tp"]))
+    refused("2-D mesh", lambda: gradsync.DistributedDataParallel(model, device_mesh=mesh))
+    plain = torch.nn.parallel.DistributedDataParallel(Block())
+    refused("torch's DDP", lambda: gradsync.DistributedDataParallel(plain))
+    return said
+
+
+def test_what_does_not_compose_is_refused_naming_the_parameter_and_the_fix() -> None:
+    said = spawn(_refusals, world_size=4, timeout=120, pg_timeout=60)[0]
+    assert "'up.weight' is a DTensor" in said["no group"] and "device_mesh=mesh['dp']" in said["no group"]
+    assert "'up.weight' is a DTensor over ranks [0, 1]" in said["tp as dp"], said["tp as dp"]
+    assert "mesh['dp']" in said["2-D mesh"], said["2-D mesh"]
+    assert "already wrapped in torch's DistributedDataParallel" in said["torch's DDP"], said["torch's DDP"]

@@ -138,7 +138,10 @@ def group_of(process_group: dist.ProcessGroup | None, device_mesh: Any) -> dist.
             f"{type(device_mesh).__name__}"
         )
     if device_mesh.ndim != 1:
-        raise ConfigError(f"Only 1D device mesh is supported, but got {device_mesh} (torch's rule).")
+        raise ConfigError(
+            f"Only 1D device mesh is supported, but got {device_mesh} (torch's rule): pass the data-parallel "
+            "dimension, e.g. device_mesh=mesh['dp'], and apply tensor parallelism over the others before wrapping."
+        )
     return device_mesh.get_group(mesh_dim=0)
 
 

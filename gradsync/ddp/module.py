@@ -33,6 +33,7 @@ from gradsync.ddp.arguments import (
     warn_deprecated,
 )
 from gradsync.ddp.buffers import BufferSync
+from gradsync.ddp.composition import check_composition
 from gradsync.ddp.forward_collectives import ForwardCollectives
 from gradsync.ddp.forward_steps import ForwardSteps, ModuleCall
 from gradsync.ddp.join_protocol import JoinProtocol
@@ -113,6 +114,7 @@ class DistributedDataParallel(nn.Module, Joinable):
             skip_all_reduce_unused_params,
         )
         self._process_group = group_of(process_group, device_mesh)  # None: the default group
+        check_composition(module, self._process_group, device_mesh is not None)
         self.device_mesh = device_mesh
         self.device_ids, self.output_device = device_indices(device_ids, output_device)
         check_device_types(module, {"device_ids": device_ids, "output_device": output_device})
