@@ -155,3 +155,29 @@ def test_what_does_not_compose_is_refused_naming_the_parameter_and_the_fix() -> 
     assert "'up.weight' is a DTensor over ranks [0, 1]" in said["tp as dp"], said["tp as dp"]
     assert "mesh['dp']" in said["2-D mesh"], said["2-D mesh"]
     assert "already wrapped in torch's DistributedDataParallel" in said["torch's DDP"], said["torch's DDP"]
+
+
+def _save_and_load(rank: int, world: int, path: str) -> float:
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.device_mesh import init_device_mesh
+
+    torch.set_num_threads(1)
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+    model, ddp = _train(gradsync.DistributedDataParallel, mesh, "mlp", False, False, steps=2)
+    dcp.save(ddp.state_dict(), checkpoint_id=path)
+    saved = {n: t.full_tensor() if hasattr(t, "full_tensor") else t.clone() for n, t in ddp.state_dict().items()}
+    fresh, again = _train(gradsync.DistributedDataParallel, mesh, "mlp", False, False, steps=0)
+    state = again.state_dict()
+    before = max(
+        (saved[n] - (t.full_tensor() if hasattr(t, "full_tensor") else t)).abs().max().item() for n, t in state.items()
+    )
+    assert before > 0, "the fresh model already held the trained values: the load would prove nothing"
+    dcp.load(state, checkpoint_id=path)
+    again.load_state_dict(state)
+    loaded = {n: t.full_tensor() if hasattr(t, "full_tensor") else t for n, t in again.state_dict().items()}
+    return max((saved[n] - loaded[n]).abs().max().item() for n in saved)
+
+
+def test_distributed_checkpoint_saves_and_loads_the_wrapped_models_dtensors(tmp_path) -> None:
+    diffs = spawn(_save_and_load, world_size=4, args=(str(tmp_path / "ckpt"),), timeout=180, pg_timeout=60)
+    assert diffs == [0.0] * 4, diffs
