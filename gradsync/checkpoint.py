@@ -21,6 +21,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from gradsync import dtensor_state
 from gradsync.collectives.communicator import Communicator, Op
 from gradsync.collectives.peer_errors import post_error
 from gradsync.errors import CheckpointError, ConfigError
@@ -142,22 +143,42 @@ def save(path: str | os.PathLike, process_group: dist.ProcessGroup | None = None
     """
     payload: dict[str, Any] = {}
     kinds: dict[str, str] = {}
+    layouts: dict[str, list] = {}  # each model's state, as names and shapes: one replica's, on every rank
     for key, value in state.items():
         value = _unwrap(value)
         if hasattr(value, "state_dict") and callable(value.state_dict):
             payload[key], kinds[key] = value.state_dict(), "state_dict"
+            if isinstance(value, torch.nn.Module):
+                layouts[key] = dtensor_state.layout(payload[key])
         else:
             payload[key], kinds[key] = value, "value"
     comm = Communicator(process_group) if dist.is_initialized() else None
     if comm is not None:
         arrival = ARRIVAL_SECONDS or comm.timeout_seconds()
         comm.expect_everyone(Op.CHECKPOINT_RNG, arrival, "gradsync.checkpoint.save")
-    rngs = comm.all_gather_object(Op.CHECKPOINT_RNG, rng_state()) if comm is not None else [rng_state()]
-    payload[_RNG_KEY], payload[_KINDS_KEY] = rngs, kinds
+    mine = (rng_state(), layouts, dtensor_state.holds_dtensors(payload))
+    gathered = comm.all_gather_object(Op.CHECKPOINT_RNG, mine) if comm is not None else [mine]
+    _check_same_layout([g[1] for g in gathered])
+    if any(g[2] for g in gathered):  # tensor parallelism: the file holds each DTensor whole
+        payload = dtensor_state.whole(payload)
+    payload[_RNG_KEY], payload[_KINDS_KEY] = [g[0] for g in gathered], kinds
     if comm is None or comm.rank == 0:
         _write(payload, Path(path))
     if comm is not None:
         comm.barrier(Op.CHECKPOINT_BARRIER)  # nobody moves on (or exits) before the file is in place
+
+
+def _check_same_layout(layouts: list[dict[str, list]]) -> None:
+    """One file holds one replica's state: a rank whose model differs (a pipeline stage) is refused on every rank."""
+    for rank, theirs in enumerate(layouts):
+        differing = [key for key in set(theirs) | set(layouts[0]) if theirs.get(key) != layouts[0].get(key)]
+        if differing:
+            raise CheckpointError(
+                f"checkpoint.save: rank {rank}'s {differing[0]}= holds a different model from rank 0's (other "
+                "parameter names or shapes), and the file holds rank 0's copy only. Ranks that hold different "
+                "parts of a model (pipeline stages) each save their own part: use torch.distributed.checkpoint "
+                "(dcp.save(ddp.state_dict(), checkpoint_id=...)), or save each stage from its own process group."
+            )
 
 
 def _write(payload: dict[str, Any], path: Path) -> None:
@@ -260,6 +281,17 @@ def _unreadable(path: Path, exc: Exception) -> str:
     )
 
 
+def _placed_for(target: Any, saved: Any) -> Any:
+    """``saved`` with its whole tensors split to ``target``'s DTensor placements (tensor parallelism), if any."""
+    if isinstance(target, torch.nn.Module) and dtensor_state.holds_dtensors(target.state_dict()):
+        return dtensor_state.module_state_for(target, saved)
+    if isinstance(target, torch.optim.Optimizer) and any(
+        dtensor_state.holds_dtensors(group["params"]) for group in target.param_groups
+    ):
+        return dtensor_state.optimizer_state_for(target, saved)
+    return saved
+
+
 def restore(checkpoint: Mapping[str, Any], restore_rng: bool = True, **targets: Any) -> dict[str, Any]:
     """Load each saved state into the object passed under the same name; return the plain values (step, ...).
 
@@ -278,7 +310,7 @@ def restore(checkpoint: Mapping[str, Any], restore_rng: bool = True, **targets: 
             raise CheckpointError(
                 f"gradsync.checkpoint.restore: the checkpoint has no '{key}' (it has {sorted(kinds)})"
             )
-        _unwrap(target).load_state_dict(checkpoint[key])
+        _unwrap(target).load_state_dict(_placed_for(_unwrap(target), checkpoint[key]))
     if restore_rng:
         rngs = checkpoint[_RNG_KEY]
         rank = dist.get_rank() if dist.is_initialized() else 0

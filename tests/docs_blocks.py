@@ -20,6 +20,7 @@ PUBLIC = [
     "gradsync.optim",
     "gradsync.data",
     "gradsync.nn",
+    "gradsync.pipelining",
     "gradsync.elastic",
     "gradsync.observe",
     "gradsync.checkpoint",

@@ -211,6 +211,22 @@ optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
 loader = DataLoader(dataset, batch_size=32)
 """
 
+_PIPELINE_STAGE = """\
+from torch.distributed.device_mesh import init_device_mesh
+
+dist.init_process_group("gloo")
+mesh = init_device_mesh("cpu", (1, 2), mesh_dim_names=("dp", "pp"))
+stage_index, device = mesh["pp"].get_local_rank(), torch.device("cpu")
+stage_module = nn.Linear(8, 8)
+"""
+_PIPELINE_STEP = """\
+optimizer = torch.optim.SGD(ddp.parameters(), lr=0.1)
+x, y = torch.randn(8, 8), torch.randn(8, 8)
+schedule.step(x) if stage.is_first else schedule.step(target=y)
+optimizer.step()
+assert all(p.grad is not None for p in ddp.parameters())
+"""
+
 # Examples one CPU process cannot show, each run under the launcher it needs (after the preamble and what it
 # assumes): "elastic" is `gradsync run --elastic` with 2 workers, "run" `gradsync run` with 2, "python" a script.
 LAUNCHED = {
@@ -240,6 +256,7 @@ LAUNCHED = {
     "gradsync.integrations.lightning.GradsyncFabricStrategy": ("run", ""),
     "gradsync.integrations.accelerate": ("run", _ACCELERATE),
     "gradsync.integrations.accelerate.gradsync_ddp": ("run", _ACCELERATE),
+    "gradsync.pipelining.PipelineStage": ("run", _PIPELINE_STAGE),
     "gradsync.testing.spawn": ("python", ""),
     "gradsync.testing.spawn_failures": ("python", ""),
     "gradsync.testing.SpawnError": ("python", ""),
@@ -286,6 +303,7 @@ CHECK = {
     "gradsync.comm.GradBucket": "ddp.register_comm_hook(None, sum_hook)\nloss_fn(ddp(x), y).backward()\n",
     "gradsync.comm.issues_from_callbacks": "loss_fn(ddp(x), y).backward()\n",
     "gradsync.observe.write_chrome_trace": 'assert read_steps("trace.json")[0]\n',
+    "gradsync.pipelining.PipelineStage": _PIPELINE_STEP,
     "gradsync.checkpoint.atomic_torch_save": 'assert torch.load("state.pt") == {"step": 3}\n',
     "gradsync.checkpoint.restore": "assert start_step == 3\n",
     "gradsync.observe.Monitor": 'import os\nassert os.path.getsize("trace.json") > 0\n',
@@ -567,6 +585,8 @@ RUN_ELSEWHERE: dict[str, str | tuple[str, ...]] = {
     "docs/elastic.md:bash:4": "tests/test_elastic.py::test_the_docs_secured_etcd_blocks_run_as_written",
     "docs/hooks.md:python:0": "tests/test_docs.py::test_the_hooks_pages_alternatives_run_as_written",
     "docs/hooks.md:python:1": "tests/test_streaming_diloco.py::test_the_docs_local_method_lines_run_as_written",
+    "docs/parallelism.md:python:0": "tests/test_parallelism_docs.py::test_the_blocks_run_as_written_on_four_ranks",
+    "docs/parallelism.md:python:1": "tests/test_parallelism_docs.py::test_the_blocks_run_as_written_on_four_ranks",
     "docs/integrations.md:python:2": "tests/test_integrations.py::test_ray_runs_the_docs_block_and_matches_rays_ddp",
     "docs/doctor.md:bash:0": (
         "tests/test_doctor.py::test_the_docs_commands_run_as_written",

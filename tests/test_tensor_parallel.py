@@ -146,6 +146,9 @@ def _refusals(rank: int, world: int) -> dict:
     refused("2-D mesh", lambda: gradsync.DistributedDataParallel(model, device_mesh=mesh))
     plain = torch.nn.parallel.DistributedDataParallel(Block())
     refused("torch's DDP", lambda: gradsync.DistributedDataParallel(plain))
+    late = gradsync.DistributedDataParallel(Block(), device_mesh=mesh["dp"])
+    parallelize_module(late.module, mesh["tp"], _plan("mlp"))  # the plan after wrapping: new Parameter objects
+    refused("plan after wrapping", lambda: late(torch.randn(2, 8)))
     return said
 
 
@@ -155,6 +158,8 @@ def test_what_does_not_compose_is_refused_naming_the_parameter_and_the_fix() -> 
     assert "'up.weight' is a DTensor over ranks [0, 1]" in said["tp as dp"], said["tp as dp"]
     assert "mesh['dp']" in said["2-D mesh"], said["2-D mesh"]
     assert "already wrapped in torch's DistributedDataParallel" in said["torch's DDP"], said["torch's DDP"]
+    late = said["plan after wrapping"]
+    assert "parameter 'up.weight' (and 3 more) was replaced" in late and "parallelize_module" in late, late
 
 
 def _save_and_load(rank: int, world: int, path: str) -> float:
@@ -181,3 +186,69 @@ def _save_and_load(rank: int, world: int, path: str) -> float:
 def test_distributed_checkpoint_saves_and_loads_the_wrapped_models_dtensors(tmp_path) -> None:
     diffs = spawn(_save_and_load, world_size=4, args=(str(tmp_path / "ckpt"),), timeout=180, pg_timeout=60)
     assert diffs == [0.0] * 4, diffs
+
+
+def _steps(ddp, optimizer, dp: int, first: int, count: int) -> None:
+    for step in range(first, first + count):
+        x = torch.randn(2, 6, 8, generator=torch.Generator().manual_seed(100 * step + dp))
+        optimizer.zero_grad()
+        ddp(x).pow(2).mean().backward()
+        optimizer.step()
+
+
+def _whole(model: nn.Module) -> dict[str, torch.Tensor]:
+    return {
+        n: (t.full_tensor() if hasattr(t, "full_tensor") else t).detach().clone() for n, t in model.state_dict().items()
+    }
+
+
+def _resume_with_gradsync_checkpoint(rank: int, world: int, path: str) -> dict:
+    """Train 2 steps, save with gradsync.checkpoint, train 2 more; a fresh model and optimizer restored from the
+    file and trained the same 2 steps must end where the uninterrupted run did."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    from gradsync import checkpoint
+
+    torch.set_num_threads(1)
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+    dp = mesh["dp"].get_local_rank()
+
+    def fresh():
+        torch.manual_seed(rank)  # different on every rank: only the restore can make them agree
+        ddp = gradsync.DistributedDataParallel(
+            parallelize_module(Block(), mesh["tp"], _plan("mlp")), device_mesh=mesh["dp"]
+        )
+        return ddp, torch.optim.Adam(ddp.parameters(), lr=0.01, foreach=False)
+
+    torch.manual_seed(0)
+    ddp = gradsync.DistributedDataParallel(
+        parallelize_module(Block(), mesh["tp"], _plan("mlp")), device_mesh=mesh["dp"]
+    )
+    optimizer = torch.optim.Adam(ddp.parameters(), lr=0.01, foreach=False)
+    _steps(ddp, optimizer, dp, 0, 2)
+    checkpoint.save(path, model=ddp, optimizer=optimizer, step=2)
+    _steps(ddp, optimizer, dp, 2, 2)
+    uninterrupted = _whole(ddp.module)
+
+    again, again_optimizer = fresh()
+    extras = checkpoint.restore(checkpoint.load(path), model=again, optimizer=again_optimizer)
+    _steps(again, again_optimizer, dp, extras["step"], 2)
+    resumed = _whole(again.module)
+    file = torch.load(path, weights_only=False)["model"]
+    return {
+        "diff": max((uninterrupted[n] - resumed[n]).abs().max().item() for n in uninterrupted),
+        "whole_in_file": {n: tuple(t.shape) for n, t in file.items()}
+        == {n: tuple(Block().state_dict()[n].shape) for n in file},
+        "plain_in_file": not any(type(t) is not torch.Tensor for t in file.values()),
+    }
+
+
+def test_gradsync_checkpoint_saves_dtensors_whole_and_restores_them_to_their_placements(tmp_path) -> None:
+    """The file holds one replica's state, each DTensor whole (rank 0's shards alone would lose the others'), and
+    loads into a plain model too; restored, training continues exactly as if never stopped."""
+    results = spawn(_resume_with_gradsync_checkpoint, world_size=4, args=(str(tmp_path / "ckpt.pt"),), timeout=180)
+    for rank, r in enumerate(results):
+        assert r["diff"] == 0.0, (rank, r)
+        assert r["whole_in_file"] and r["plain_in_file"], (rank, r)
+    Block().load_state_dict(torch.load(tmp_path / "ckpt.pt", weights_only=False)["model"])  # a plain model loads it

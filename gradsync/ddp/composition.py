@@ -4,11 +4,14 @@ DDP, FSDP) or DTensor parameters whose averaging group would mix their shards.""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch.distributed as dist
 from torch import nn
 
 from gradsync.errors import ConfigError
 from gradsync.reducer.local_params import is_dtensor
+from gradsync.torch_private.pipelining import torch_stage_calling
 from gradsync.torch_private.tensor_parallel import fsdp_module_types
 
 
@@ -50,3 +53,33 @@ def check_composition(module: nn.Module, process_group: dist.ProcessGroup | None
                 "shards. Give DDP the data-parallel dimension only: device_mesh=mesh['dp'], with the plan applied "
                 "over mesh['tp']."
             )
+
+
+def refuse_torch_pipeline_stage(rank: int) -> None:
+    """At the first synced forward: refuse being the module of torch's PipelineStage, which takes its data-parallel
+    path only for torch's DDP class. Every micro-batch's forward would arm the reducer and the first backward average
+    alone, the others accumulating on top: gradients silently wrong."""
+    stage = torch_stage_calling()
+    if stage is not None:
+        raise ConfigError(
+            f"rank {rank}: gradsync's DistributedDataParallel is the module of torch's {stage}, which runs data "
+            "parallelism only for torch's DDP class: each micro-batch's backward would be averaged on its own and the "
+            "gradients would come out wrong. Change `from torch.distributed.pipelining import PipelineStage` to "
+            "`from gradsync.pipelining import PipelineStage` (same arguments; the schedules stay torch's)."
+        )
+
+
+def refuse_replaced_parameters(module: nn.Module, named: Sequence[tuple[str, nn.Parameter]], rank: int) -> None:
+    """At the first synced forward: each parameter DDP hooked is still the module's. A tensor-parallel plan applied
+    after wrapping (or ``load_state_dict(assign=True)``) puts new Parameter objects in the module; the old ones keep
+    the hooks, and the new ones' gradients would never be averaged."""
+    current = {id(p) for p in module.parameters()}
+    replaced = [name for name, p in named if id(p) not in current]
+    if replaced:
+        more = f" (and {len(replaced) - 1} more)" if len(replaced) > 1 else ""
+        raise ConfigError(
+            f"rank {rank}: parameter '{replaced[0]}'{more} was replaced in the module after DistributedDataParallel "
+            "was constructed (a tensor-parallel plan, parallelize_module, applied to the wrapped model, or "
+            "load_state_dict(assign=True)): its gradients would never be averaged. Apply the plan, or replace "
+            "the parameters, first, then wrap the model."
+        )

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -55,6 +55,7 @@ class ForwardSteps:
         reducer: Reducer,
         params: Sequence[nn.Parameter],
         frozen: Sequence[tuple[str, nn.Parameter]],
+        first_forward_check: Callable[[], None],
     ) -> None:
         self._collectives = collectives
         self._join = join
@@ -66,6 +67,7 @@ class ForwardSteps:
         self._progress = progress.progress_reporter() or _no_progress  # gradsync run --watchdog
         self.graph_split = compiled.GraphSplit(reducer.steady_bucket_cap)
         self._unsplit_checked = False
+        self._first_forward_check: Callable[[], None] | None = first_forward_check
 
     def attach_recorder(self, recorder: Recorder) -> None:
         """Report each synced forward's start and end to ``recorder``."""
@@ -91,6 +93,7 @@ class ForwardSteps:
         try:
             broadcast = self._collectives.broadcast_due(*buffers)
             if call.synced:
+                self._check_first_forward()
                 self._recorder.forward_start()
                 self._progress()
                 self._check_still_frozen()
@@ -105,6 +108,12 @@ class ForwardSteps:
         call.frames_split = self.graph_split.frames_split
         call.outer_split = compiled.engage(self.graph_split)
         return call
+
+    def _check_first_forward(self) -> None:
+        """What only the first synced forward can see (a look up the stack, the parameters against the module's)."""
+        check, self._first_forward_check = self._first_forward_check, None
+        if check is not None:
+            check()
 
     def _check_still_frozen(self) -> None:
         """A parameter frozen at construction has no hook and no bucket: unfrozen later, its gradients would stay
@@ -137,6 +146,18 @@ class ForwardSteps:
         elif torch.is_grad_enabled():
             self._reducer.skip_next_backward()
         return output
+
+    def sync_without_forward(self, output: Any) -> Any:
+        """A synced forward's steps with no call of the module: ``output`` came from forwards run under no_sync, and
+        the next backward over it averages what they accumulated (a pipeline stage's last micro-batch). Buffers are
+        not broadcast here: the next forward does it, as after any synced step."""
+        self._recorder.forward_start()
+        self._progress()
+        self._check_still_frozen()
+        self._collectives.issue(True, False)
+        self._recorder.forward_end()
+        route = self._reducer.prepare_for_backward(list(iter_tensors(output)))
+        return replace_tensors(output, route) if route is not None else output
 
     def _warn_if_compiled_unsplit(self, outputs: list[torch.Tensor]) -> None:
         """At the first synced forward: a compiled graph that dynamo did not split cannot overlap (say so, once)."""

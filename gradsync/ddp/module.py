@@ -33,7 +33,7 @@ from gradsync.ddp.arguments import (
     warn_deprecated,
 )
 from gradsync.ddp.buffers import BufferSync
-from gradsync.ddp.composition import check_composition
+from gradsync.ddp.composition import check_composition, refuse_replaced_parameters, refuse_torch_pipeline_stage
 from gradsync.ddp.forward_collectives import ForwardCollectives
 from gradsync.ddp.forward_steps import ForwardSteps, ModuleCall
 from gradsync.ddp.join_protocol import JoinProtocol
@@ -175,7 +175,15 @@ class DistributedDataParallel(nn.Module, Joinable):
         self._plan_before_regroup: tuple[list[int], list[int]] | None = None
         collectives = ForwardCollectives(self._comm, buffer_sync, self.reducer)
         self._join_protocol = JoinProtocol(self, self._comm, collectives, self.reducer, self.module, config.ignored)
-        self._forward_steps = ForwardSteps(collectives, self._join_protocol, self.reducer, self._params, frozen)
+        self._forward_steps = ForwardSteps(
+            collectives, self._join_protocol, self.reducer, self._params, frozen, lambda: self._check_in_use(named)
+        )
+
+    def _check_in_use(self, named: list[tuple[str, nn.Parameter]]) -> None:
+        """At the first synced forward: refuse what construction could not see (composition.py)."""
+        rank = self._comm.rank
+        refuse_torch_pipeline_stage(rank)
+        refuse_replaced_parameters(self.module, named, rank)
 
     def rebuild_for_new_group(self) -> None:
         """After the default process group was replaced (gradsync.elastic forms one per membership round): a new
@@ -317,6 +325,27 @@ class DistributedDataParallel(nn.Module, Joinable):
             yield
         finally:
             self.require_backward_grad_sync = previous
+
+    def sync_next_backward(self, outputs: Any) -> Any:
+        """Make the next backward, run over ``outputs``, average every gradient accumulated since the last averaged
+        step, as if ``outputs`` came from a synced forward. For schedules that run each forward under
+        :meth:`no_sync` and only later know which backward is the last (pipelining: :mod:`gradsync.pipelining`
+        calls this before a stage's last backward, where torch's stage calls its DDP's
+        ``reducer.prepare_for_backward``). Returns ``outputs`` to run that backward on: the same tensors, or, with
+        ``find_unused_parameters`` or in ``static_graph``'s first step, the same values routed through the
+        reducer's sink. Every rank of the group calls it at the same point (it may issue collectives).
+
+        >>> with ddp.no_sync():
+        ...     out = ddp(x)
+        >>> ddp.sync_next_backward(out).sum().backward()   # averages what the no_sync forward accumulated
+        """
+        if not torch.is_grad_enabled():
+            raise ConfigError(
+                "sync_next_backward: gradients are disabled here (torch.no_grad); call it where the backward will run."
+            )
+        output = self._forward_steps.sync_without_forward(outputs)
+        self.require_forward_param_sync = True  # the next forward broadcasts the buffers, as after a synced one
+        return output
 
     # ---------------------------------------------------------------------------------------- uneven inputs
     def join(

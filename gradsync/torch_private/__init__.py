@@ -37,6 +37,8 @@ The files, each name importable from this package as before:
 ``dynamo.py``       importing dynamo ahead, its ``optimize_ddp`` mode
 ``foreach.py``      the foreach copy and multiply kernels, with a per-tensor fallback
 ``modules.py``      torch.nn's: the batch norms' base class, DDP's ignore-list attribute
+``tensor_parallel.py``  DTensor's and FSDP's classes, imported from there (the composition checks)
+``pipelining.py``   torch's PipelineStage, checked for the methods gradsync's stage overrides, imported from there
 """
 
 from gradsync.torch_private.autograd import (
