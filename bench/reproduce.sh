@@ -48,6 +48,9 @@ python -m bench.sidebyside.repeat --runs 3 --models mlp,gpt --links 1gbit --out 
 python -m bench.memory --runs 3
 python -m bench.memory --runs 3 --mmap-threshold 65536 --out bench/results/memory-live.json
 
+# Data x tensor parallelism (docs/parallelism.md): torch's DDP against gradsync's over the same TP model, 2 hosts.
+python -m bench.tensor_parallel --link 1gbit --runs 3
+
 # Batches of similar length (docs/checkpoints.md): the padding LengthGroupedSampler saves on real text.
 python -m bench.padding --batch-sizes 8,32 --worlds 2,8 --epochs 3
 

@@ -45,6 +45,24 @@ def test_bench_writes_ratios_tuning_and_a_png(tmp_path: Path) -> None:
     assert re.fullmatch("[0-9a-f]{40}", made_by["commit"]) and isinstance(made_by["dirty"], bool), made_by
 
 
+@pytest.mark.timeout(180)
+def test_tensor_parallel_bench_times_both_ddps_over_one_tp_model(tmp_path: Path) -> None:
+    out = tmp_path / "tp.json"
+    subprocess.run(
+        [sys.executable, "-m", "bench.tensor_parallel", "--link", "loopback", "--runs", "1", "--steps", "2"]
+        + ["--dim", "32", "--layers", "1", "--timeout", "150", "--port", "0", "--out", str(out)],
+        cwd=ROOT,
+        check=True,
+        timeout=170,
+        capture_output=True,
+    )
+    result = json.loads(out.read_text())
+    assert result["median_ms"]["torch"] > 0 and result["median_ms"]["gradsync"] > 0, result
+    assert result["ratio_gradsync_vs_torch"] > 0 and result["link_bound_ms"] is None
+    (run,) = result["runs"]
+    assert run["averaged_mib_per_dp_rank"] * 2**20 == 4 * (2 * 32 + 32 * 64 + 64 + 32 * 64 + 32), run  # tp halves
+
+
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("order", ["inner", "outer"])
 def test_compiled_bench_splits_gradsyncs_graph_and_reports_exposed_communication(tmp_path: Path, order: str) -> None:
