@@ -45,25 +45,27 @@ def main() -> int:
     args.port = args.port or free_port()
     out = Path(args.out)
     runs = [_one_run(args, out.with_suffix(f".run{k}.json")) for k in range(args.runs)]
-    bound_ms = 1e3 * runs[0]["averaged_mib_per_dp_rank"] * 2**20 * 8 / RATES[args.link] if args.link in RATES else None
+    names = list(runs[0]["median_ms"])
+    # Both tensor-parallel ranks of a host average their shards with the other host's: the link carries both.
+    host_bytes = 2 * runs[0]["averaged_mib_per_dp_rank"] * 2**20
+    bound_ms = 1e3 * host_bytes * 8 / RATES[args.link] if args.link in RATES else None
     summary = {
         "link": args.link,
         "runs": runs,
-        "ratio_gradsync_vs_torch": statistics.median(r["ratio_gradsync_vs_torch"] for r in runs),
-        "median_ms": {k: statistics.median(r["median_ms"][k] for r in runs) for k in ("torch", "gradsync")},
-        "construction_rss_mib": {
-            k: statistics.median(r["construction_rss_mib"][k] for r in runs) for k in ("torch", "gradsync")
-        },
+        "ratio_vs_torch": {k: statistics.median(r["ratio_vs_torch"][k] for r in runs) for k in names},
+        "median_ms": {k: statistics.median(r["median_ms"][k] for r in runs) for k in names},
+        "bucket_mib": runs[0]["bucket_mib"],
         "link_bound_ms": bound_ms,
         "cpu_busy_of_2_cores": statistics.median(r["cpu_busy_cores_all_ranks"] for r in runs) / 2,
     }
     write_json(out, summary)
     for k in range(args.runs):
         out.with_suffix(f".run{k}.json").unlink()
-    ms, ratio = summary["median_ms"], summary["ratio_gradsync_vs_torch"]
-    print(f"{args.link}: torch {ms['torch']:.1f} ms, gradsync {ms['gradsync']:.1f} ms, ratio {ratio:.3f}", end=" ")
-    print(f"(median of {args.runs} runs); link bound {bound_ms or 0:.1f} ms", end="; ")
-    print(f"construction RSS MiB {summary['construction_rss_mib']}", end="; ")
+    for k in names:
+        print(f"{k:<18} {summary['median_ms'][k]:7.1f} ms  x{summary['ratio_vs_torch'][k]:.3f} torch", end="  ")
+        print(f"{summary['median_ms'][k] / bound_ms:.2f} x link bound" if bound_ms else "", end="  ")
+        print(f"buckets MiB {[round(b, 1) for b in summary['bucket_mib'][k]]}")
+    print(f"{args.link}, median of {args.runs} runs; link bound {bound_ms or 0:.1f} ms", end="; ")
     print(f"CPU busy {100 * summary['cpu_busy_of_2_cores']:.0f}% of 2 cores")
     return 0
 

@@ -1,12 +1,12 @@
 """One rank of ``python -m bench.tensor_parallel``: both DDPs over their own copy of the same tensor-parallel model,
 in this process, steps interleaved (order alternating) after a barrier each, so drift hits both alike. Also the
-resident memory each DDP's construction adds, and the bytes of gradient each data-parallel rank averages. Rank 0
+bytes of each DDP's gradient buckets, and the bytes of gradient each data-parallel rank averages. Rank 0
 writes JSON."""
 
 from __future__ import annotations
 
 import argparse
-import os
+import functools
 import statistics
 
 import torch
@@ -20,11 +20,6 @@ from bench.interleave import time_interleaved
 from lab.results import write_json
 
 
-def _rss_mib() -> float:
-    with open("/proc/self/statm") as fh:
-        return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
-
-
 def _model(dim: int, layers: int, mesh) -> nn.Module:
     torch.manual_seed(0)
     blocks = [
@@ -34,6 +29,18 @@ def _model(dim: int, layers: int, mesh) -> nn.Module:
     model = nn.Sequential(*blocks)
     plan = {f"{i}.1": ColwiseParallel() for i in range(layers)} | {f"{i}.3": RowwiseParallel() for i in range(layers)}
     return parallelize_module(model, mesh["tp"], plan)
+
+
+def _bucket_mib(models: dict) -> dict[str, list[float]]:
+    """Each DDP's gradient buckets, MiB (torch's from its logging data): what it allocates beyond the model."""
+    out = {}
+    for name, model in models.items():
+        if name == "torch":
+            sizes = model._get_ddp_logging_data().get("bucket_sizes", "")
+            out[name] = [int(b) / 2**20 for b in str(sizes).split(", ") if b]
+        else:
+            out[name] = [b.buffer.numel() * b.buffer.element_size() / 2**20 for b in model.reducer.buckets]
+    return out
 
 
 def main() -> None:
@@ -49,13 +56,14 @@ def main() -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", timeout=__import__("datetime").timedelta(seconds=300))
     mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
-    wrappers = {"torch": torch.nn.parallel.DistributedDataParallel, "gradsync": gradsync.DistributedDataParallel}
-    models, optimizers, memory = {}, {}, {}
+    wrappers = {
+        "torch": torch.nn.parallel.DistributedDataParallel,
+        "gradsync": gradsync.DistributedDataParallel,
+        "gradsync:tune=0": functools.partial(gradsync.DistributedDataParallel, bucket_tuning=False),
+    }
+    models, optimizers = {}, {}
     for name, wrap in wrappers.items():
-        module = _model(args.dim, args.layers, mesh)
-        before = _rss_mib()
-        models[name] = wrap(module, device_mesh=mesh["dp"])
-        memory[name] = _rss_mib() - before
+        models[name] = wrap(_model(args.dim, args.layers, mesh), device_mesh=mesh["dp"])
         optimizers[name] = torch.optim.SGD(models[name].parameters(), lr=1e-3)  # before a forward: torch's swap
     local_bytes = sum(
         p.to_local().numel() * 4 if hasattr(p, "to_local") else p.numel() * 4 for p in models["gradsync"].parameters()
@@ -71,7 +79,7 @@ def main() -> None:
     steps = {name: (lambda name=name: step(name)) for name in wrappers}
     times, busy = time_interleaved(steps, args.warmup, args.steps)
     if dist.get_rank() == 0:
-        ratios = [ours / theirs for ours, theirs in zip(times["gradsync"], times["torch"])]
+        ratios = {name: statistics.median(a / b for a, b in zip(ts, times["torch"])) for name, ts in times.items()}
         write_json(
             args.out,
             {
@@ -80,8 +88,8 @@ def main() -> None:
                 "tokens": args.tokens,
                 "steps": args.steps,
                 "median_ms": {name: 1e3 * statistics.median(ts) for name, ts in times.items()},
-                "ratio_gradsync_vs_torch": statistics.median(ratios),
-                "construction_rss_mib": memory,
+                "ratio_vs_torch": ratios,
+                "bucket_mib": _bucket_mib(models),
                 "averaged_mib_per_dp_rank": local_bytes / 2**20,
                 "cpu_busy_cores_all_ranks": busy,
             },
