@@ -252,3 +252,30 @@ def test_gradsync_checkpoint_saves_dtensors_whole_and_restores_them_to_their_pla
         assert r["diff"] == 0.0, (rank, r)
         assert r["whole_in_file"] and r["plain_in_file"], (rank, r)
     Block().load_state_dict(torch.load(tmp_path / "ckpt.pt", weights_only=False)["model"])  # a plain model loads it
+
+
+def _compiled_against_eager(rank: int, world: int) -> dict:
+    import warnings
+
+    from torch.distributed.device_mesh import init_device_mesh
+
+    torch.set_num_threads(1)
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+    eager, _ = _train(gradsync.DistributedDataParallel, mesh, "mlp", False, False, steps=3)
+    compiled_wrapper = lambda model, **kw: torch.compile(gradsync.DistributedDataParallel(model, **kw))  # noqa: E731
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        compiled, ddp = _train(compiled_wrapper, mesh, "mlp", False, False, steps=3)
+    expected, got = _local_values(eager), _local_values(compiled)
+    return {
+        "diff": max((expected[n] - got[n]).abs().max().item() for n in expected),
+        "gradsync_warnings": [str(w.message) for w in caught if "gradsync" in str(w.message)],
+    }
+
+
+@pytest.mark.timeout(300)
+def test_compiled_tensor_parallel_model_trains_as_the_eager_one() -> None:
+    """torch.compile(ddp) over the DTensor model: the same parameters as eager (torch 2.13's own DDP fails to
+    compile this model: "BackendCompilerFailed ... unhashable type: non-nested SymInt")."""
+    for rank, r in enumerate(spawn(_compiled_against_eager, world_size=4, timeout=280, pg_timeout=120)):
+        assert r["diff"] <= 1e-6 and not r["gradsync_warnings"], (rank, r)
