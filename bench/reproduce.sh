@@ -48,6 +48,10 @@ python -m bench.sidebyside.repeat --runs 3 --models mlp,gpt --links 1gbit --out 
 python -m bench.memory --runs 3
 python -m bench.memory --runs 3 --mmap-threshold 65536 --out bench/results/memory-live.json
 
+# Hosts of several ranks (docs/benchmarks.md): the two-level all-reduce against torch's flat one.
+python -m bench.hierarchical --hosts 2 --runs 3
+python -m bench.hierarchical --hosts 4 --runs 3 --out bench/results/hierarchical-4hosts.json
+
 # Data x tensor parallelism (docs/parallelism.md): torch's DDP against gradsync's over the same TP model, 2 hosts.
 python -m bench.tensor_parallel --link 1gbit --runs 3
 

@@ -16,9 +16,9 @@ def _model() -> nn.Module:
     return nn.Sequential(nn.Linear(7, 33), nn.Tanh(), nn.Linear(33, 5))  # odd sizes: chunks padded to 2 ranks
 
 
-def _train(rank: int, world: int, hosts: int, bucket_cap_mb: float) -> dict:
+def _train(rank: int, world: int, hosts: int, bucket_cap_mb: float, piece_bytes: int = 2**20) -> dict:
     torch.set_num_threads(1)
-    state = HierarchicalState(host=f"host{rank * hosts // world}")
+    state = HierarchicalState(host=f"host{rank * hosts // world}", piece_bytes=piece_bytes)
     results = {}
     for name in ("torch", "gradsync"):
         wrap = torch.nn.parallel.DistributedDataParallel if name == "torch" else gradsync.DistributedDataParallel
@@ -41,8 +41,9 @@ def _train(rank: int, world: int, hosts: int, bucket_cap_mb: float) -> dict:
 
 
 def test_two_hosts_of_two_ranks_train_as_torchs_flat_all_reduce() -> None:
-    for cap in (25.0, 0.0005):  # one bucket, and several run one at a time
-        results = spawn(_train, world_size=4, args=(2, cap), timeout=120, pg_timeout=30)
+    # One bucket in one piece; several buckets (of odd sizes: padded); pieces of 16 values pipelined through the steps.
+    for cap, piece_bytes in ((25.0, 2**20), (0.0005, 2**20), (25.0, 64), (0.0005, 64)):
+        results = spawn(_train, world_size=4, args=(2, cap, piece_bytes), timeout=120, pg_timeout=30)
         for rank, r in enumerate(results):
             assert r["diff"] <= 1e-6, (rank, cap, r)
             assert r["flat_because"] == "" and r["split"] and r["hosts"] == [[0, 1], [2, 3]], r

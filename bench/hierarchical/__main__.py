@@ -31,12 +31,13 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--width", type=int, default=1024)
     parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--piece-kib", type=int, default=4096, help="the two-level pipeline's piece")
     parser.add_argument("--timeout", type=float, default=900)
     parser.add_argument("--out", default="bench/results/hierarchical.json")
     args = parser.parse_args()
     out = Path(args.out)
     argv = [sys.executable, "-m", "bench.hierarchical.worker", "--steps", str(args.steps)]
-    argv += ["--width", str(args.width), "--layers", str(args.layers)]
+    argv += ["--width", str(args.width), "--layers", str(args.layers), "--piece-kib", str(args.piece_kib)]
     runs = []
     for k in range(args.runs):
         one = out.with_suffix(f".run{k}.json")
@@ -66,6 +67,7 @@ def main() -> int:
         "hosts": args.hosts,
         "ranks_per_host": args.ranks_per_host,
         "gradient_mib": mib,
+        "piece_kib": args.piece_kib,
         "median_ms": median_ms,
         "ratio_vs_torch": {n: statistics.median(r["ratio_vs_torch"][n] for r in runs) for n in names},
         "host_link_ms": wire_ms,

@@ -30,12 +30,13 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--piece-kib", type=int, default=4096, help="what each step of the two-level pipeline takes")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=300))
-    state = HierarchicalState()
+    state = HierarchicalState(piece_bytes=args.piece_kib * 1024)
     models = {
         "local": _mlp(args.width, args.layers),
         "torch": torch.nn.parallel.DistributedDataParallel(_mlp(args.width, args.layers)),
