@@ -45,7 +45,10 @@ def summarize(results: list[dict]) -> dict:
         ratios = [r["variants"][spec].get("ratio_vs_torch") for r in results]
         tunings = [r["variants"][spec].get("bucket_tuning") for r in results]
         exposed = [r["variants"][spec].get("exposed_comm_ms") for r in results]
+        limits = [r["variants"][spec].get("x_limit") for r in results]
         out["variants"][spec] = {
+            "x_limit_runs": limits,
+            "x_limit": statistics.median(limits) if all(x is not None for x in limits) else None,
             "vs_torch_runs": ratios,
             "vs_torch": statistics.median(x for x in ratios if x is not None) if any(ratios) else None,
             "tuning_runs": tunings,
@@ -94,8 +97,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 def markdown(summaries: list[dict]) -> str:
     """One row per model and link: medians over runs, with each run's value in brackets."""
     rows = [
-        "| model | link | default × same settings | default × torch | same settings × torch |",
-        "|---|---|---|---|---|",
+        "| model | link | default × same settings | default × torch | same settings × torch "
+        "| × limit: torch / default |",
+        "|---|---|---|---|---|---|",
     ]
     for s in summaries:
         v = s["variants"]
@@ -108,9 +112,15 @@ def markdown(summaries: list[dict]) -> str:
         rows.append(
             f"| {s['model']} | {s['link']} | {cell(s.get('default_vs_same'), s.get('default_vs_same_runs', []))} | "
             f"{cell(v[DEFAULT]['vs_torch'], v[DEFAULT]['vs_torch_runs'])} | "
-            f"{cell(v[SAME]['vs_torch'], v[SAME]['vs_torch_runs'])} |"
+            f"{cell(v[SAME]['vs_torch'], v[SAME]['vs_torch_runs'])} | {_limits(v)} |"
         )
     return "\n".join(rows)
+
+
+def _limits(variants: dict) -> str:
+    """torch's and gradsync's steps as multiples of the physical limit (medians over runs), where it was measured."""
+    torch_x, ours_x = variants.get("torch", {}).get("x_limit"), variants[DEFAULT].get("x_limit")
+    return f"{torch_x:.2f} / {ours_x:.2f}" if torch_x and ours_x else "-"
 
 
 def compiled_markdown(summaries: list[dict]) -> str:

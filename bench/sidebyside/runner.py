@@ -114,10 +114,13 @@ def table(result: dict) -> Table:
     title = f"{result['model']} on {result['link']}, batch {result['batch']}, {result['steps']} steps"
     if bound:
         title += f"; overlap bound {bound:.1f} ms"
+    if result.get("limit_ms"):
+        title += f"; limit {result['limit_ms']:.1f} ms (max of the model alone and the all-reduce alone)"
     if result.get("compile"):
         title += f"; compiled ({result['compile']}, {result['backend']})"
     t = Table(title=title)
-    columns = ("variant", "median ms", "vs torch", "vs bound", "fwd", "bwd", "exposed", "optim", "MiB sent", "opt MiB")
+    columns = ("variant", "median ms", "vs torch", "vs bound", "x limit", "fwd", "bwd", "exposed", "optim", "MiB sent")
+    columns += ("opt MiB",)
     for col in columns:
         t.add_column(col, justify="right")
     for spec, v in result["variants"].items():
@@ -127,6 +130,7 @@ def table(result: dict) -> Table:
             f"{v['median_ms']:.1f}",
             f"{ratio:.3f}" if ratio else "-",
             f"{v['median_ms'] / bound:.2f}" if bound else "-",
+            f"{v['x_limit']:.2f}" if "x_limit" in v else "-",
             f"{v['forward_ms']:.1f}",
             f"{v['backward_ms']:.1f}",
             f"{v['exposed_comm_ms']:.1f}" if "exposed_comm_ms" in v else "-",

@@ -105,6 +105,11 @@ def summarize(args, variants, times) -> dict:
     if local and ar:
         # The best overlap can do: forward, then backward and all-reduce side by side (the definition).
         out["overlap_bound_ms"] = local["forward_ms"] + max(local["backward_ms"], ar["allreduce_ms"])
+        # The physical limit, measured in this run: no step is shorter than the model's step alone or than the
+        # all-reduce of every gradient alone on this link.
+        out["limit_ms"] = max(local["median_ms"], ar["allreduce_ms"])
+        for entry in out["variants"].values():
+            entry["x_limit"] = entry["median_ms"] / out["limit_ms"]
     return out
 
 
