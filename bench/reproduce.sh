@@ -48,6 +48,9 @@ python -m bench.sidebyside.repeat --runs 3 --models mlp,gpt --links 1gbit --out 
 python -m bench.memory --runs 3
 python -m bench.memory --runs 3 --mmap-threshold 65536 --out bench/results/memory-live.json
 
+# Against the physical limit (docs/benchmarks.md): every step as a multiple of max(model alone, all-reduce alone).
+python -m bench.sidebyside.repeat --runs 3 --models mlp,gpt,cnn --links 1gbit --variants "local;allreduce;torch;gradsync:tune=0;gradsync" --out bench/results/limit
+
 # Hosts of several ranks (docs/benchmarks.md): the two-level all-reduce against torch's flat one.
 python -m bench.hierarchical --hosts 2 --runs 3
 python -m bench.hierarchical --hosts 4 --runs 3 --out bench/results/hierarchical-4hosts.json
