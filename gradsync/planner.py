@@ -8,7 +8,8 @@ Only the cost of an all-reduce changes with the topology:
 - a ring over ``N`` ranks (what gloo runs, and NCCL's ring): ``2 (N-1)`` steps, each moving ``S/N`` bytes over
   every hop at once, so the slowest hop sets the pace: ``2 (N-1) (S / (N B) + a)``, with ``B`` and ``a`` the
   bandwidth and latency of an inter-host hop when there is more than one host;
-- hierarchical (hosts with fast local links, as NCCL's tree and 2-D rings do): reduce-scatter inside each host,
+- hierarchical (hosts with fast local links, as NCCL's tree and 2-D rings do, and gradsync's
+  :mod:`gradsync.comm.hierarchical` hook on gloo): reduce-scatter inside each host,
   a ring across the ``H`` hosts with each host's ``S/P`` share per local rank sharing its link, then all-gather
   inside the host: ``2 (P-1) (S / (P b) + a_local) + 2 (H-1) (S / (H B) + a)``.
 
@@ -204,7 +205,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--bandwidth", default="100gbit", help="per-host link, e.g. 10gbit")
     parser.add_argument("--latency", default="10us", help="per hop between hosts")
     parser.add_argument("--local-bandwidth", default="50GB", help="inside a host (NVLink: ~50GB)")
-    parser.add_argument("--hierarchical", action="store_true", help="a topology-aware all-reduce (NCCL)")
+    parser.add_argument(
+        "--hierarchical",
+        action="store_true",
+        help="a topology-aware all-reduce: NCCL's, or gradsync.comm.hierarchical_hook on gloo (its in-host steps cost "
+        "CPU this model leaves out: docs/benchmarks.md)",
+    )
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     args = parser.parse_args(argv)
     if any(h < 1 for h in args.hosts):
