@@ -283,8 +283,9 @@ def _unreadable(path: Path, exc: Exception) -> str:
 
 def _placed_for(target: Any, saved: Any) -> Any:
     """``saved`` with its whole tensors split to ``target``'s DTensor placements (tensor parallelism), if any."""
-    if isinstance(target, torch.nn.Module) and dtensor_state.holds_dtensors(target.state_dict()):
-        return dtensor_state.module_state_for(target, saved)
+    if isinstance(target, torch.nn.Module):
+        current = target.state_dict()
+        return dtensor_state.module_state_for(current, saved) if dtensor_state.holds_dtensors(current) else saved
     if isinstance(target, torch.optim.Optimizer) and any(
         dtensor_state.holds_dtensors(group["params"]) for group in target.param_groups
     ):

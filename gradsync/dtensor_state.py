@@ -6,11 +6,11 @@ The layout check below catches ranks whose state differs (pipeline stages), whic
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any
 
 import torch
-from torch import nn
 
 from gradsync.ddp.tree import iter_tensors, map_tensors
 from gradsync.reducer.local_params import is_dtensor
@@ -39,19 +39,22 @@ def _split_like(saved: torch.Tensor, like: Any) -> torch.Tensor:
     return distribute_tensor(saved.to(like.to_local().device), like.device_mesh, like.placements)
 
 
-def module_state_for(module: nn.Module, saved: Mapping[str, Any]) -> dict[str, Any]:
-    """``saved`` with each entry that is a DTensor in ``module`` split to that DTensor's placements."""
-    current = module.state_dict()
-    return {
-        name: _split_like(value, current[name])
-        if name in current and is_dtensor(current[name]) and isinstance(value, torch.Tensor) and not is_dtensor(value)
-        else value
+def module_state_for(current: Mapping[str, Any], saved: Mapping[str, Any]) -> dict[str, Any]:
+    """``saved`` with each entry that is a DTensor in the module's ``current`` state dict split to that DTensor's
+    placements; the version metadata ``load_state_dict`` reads (``_metadata``) is kept, as torch's copy keeps it."""
+    placed = OrderedDict(
+        (name, _split_like(value, current[name]) if is_dtensor(current.get(name)) and _is_whole(value) else value)
         for name, value in saved.items()
-    }
+    )
+    metadata = getattr(saved, "_metadata", None)
+    if metadata is not None:
+        placed._metadata = metadata  # type: ignore[attr-defined]
+    return placed
 
 
-def _whole_of(value: Any, param: Any) -> bool:
-    return isinstance(value, torch.Tensor) and not is_dtensor(value) and tuple(value.shape) == tuple(param.shape)
+def _is_whole(value: Any) -> bool:
+    """A saved plain tensor, as :func:`whole` writes a DTensor (one already placed is left as it is)."""
+    return isinstance(value, torch.Tensor) and not is_dtensor(value)
 
 
 def optimizer_state_for(optimizer: torch.optim.Optimizer, saved: Mapping[str, Any]) -> dict[str, Any]:
@@ -66,5 +69,5 @@ def optimizer_state_for(optimizer: torch.optim.Optimizer, saved: Mapping[str, An
         if p is None or not is_dtensor(p):
             state[i] = entries
             continue
-        state[i] = {k: _split_like(v, p) if _whole_of(v, p) else v for k, v in entries.items()}
+        state[i] = {k: _split_like(v, p) if _is_whole(v) and v.shape == p.shape else v for k, v in entries.items()}
     return {**saved, "state": state}

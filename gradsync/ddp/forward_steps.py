@@ -93,10 +93,7 @@ class ForwardSteps:
         try:
             broadcast = self._collectives.broadcast_due(*buffers)
             if call.synced:
-                self._check_first_forward()
-                self._recorder.forward_start()
-                self._progress()
-                self._check_still_frozen()
+                self._begin_synced()
             call.scale = self._join.notify(call.synced, broadcast)
             self._collectives.issue(call.synced, broadcast)
             if device_ids is not None:
@@ -108,6 +105,13 @@ class ForwardSteps:
         call.frames_split = self.graph_split.frames_split
         call.outer_split = compiled.engage(self.graph_split)
         return call
+
+    def _begin_synced(self) -> None:
+        """A synced step's first eager steps, before its collectives: with or without a call of the module."""
+        self._check_first_forward()
+        self._recorder.forward_start()
+        self._progress()
+        self._check_still_frozen()
 
     def _check_first_forward(self) -> None:
         """What only the first synced forward can see (a look up the stack, the parameters against the module's)."""
@@ -140,9 +144,7 @@ class ForwardSteps:
             self._recorder.forward_end()
             outputs = list(iter_tensors(output))
             self._warn_if_compiled_unsplit(outputs)
-            route = self._reducer.prepare_for_backward(outputs, call.scale)
-            if route is not None:  # the outputs' sink (find_unused_parameters, static_graph's first iteration)
-                output = replace_tensors(output, route)
+            output = self._arm(output, outputs, call.scale)
         elif torch.is_grad_enabled():
             self._reducer.skip_next_backward()
         return output
@@ -151,12 +153,15 @@ class ForwardSteps:
         """A synced forward's steps with no call of the module: ``output`` came from forwards run under no_sync, and
         the next backward over it averages what they accumulated (a pipeline stage's last micro-batch). Buffers are
         not broadcast here: the next forward does it, as after any synced step."""
-        self._recorder.forward_start()
-        self._progress()
-        self._check_still_frozen()
+        self._begin_synced()
         self._collectives.issue(True, False)
         self._recorder.forward_end()
-        route = self._reducer.prepare_for_backward(list(iter_tensors(output)))
+        return self._arm(output, list(iter_tensors(output)), 1.0)
+
+    def _arm(self, output: Any, outputs: list[torch.Tensor], scale: float) -> Any:
+        """Prepare the reducer's backward over ``outputs`` (``output``'s tensors); ``output``, routed through the
+        outputs' sink where this step needs it (find_unused_parameters, static_graph's first iteration)."""
+        route = self._reducer.prepare_for_backward(outputs, scale)
         return replace_tensors(output, route) if route is not None else output
 
     def _warn_if_compiled_unsplit(self, outputs: list[torch.Tensor]) -> None:

@@ -16,6 +16,7 @@ from types import FrameType
 from gradsync.errors import GradsyncError
 
 OVERRIDDEN = ("forward_maybe_with_nosync", "backward_maybe_with_nosync", "_compute_outputs")
+FORWARDS = ("forward_maybe_with_nosync", "_compute_outputs")  # of those, the two that call the stage's module
 
 
 def pipeline_stage_type() -> type:
@@ -44,7 +45,7 @@ def torch_stage_calling() -> str | None:
     stage_type = getattr(stage_module, "PipelineStage", None)
     if stage_type is None:
         return None
-    codes = {getattr(getattr(stage_type, name, None), "__code__", None) for name in OVERRIDDEN if name != OVERRIDDEN[1]}
+    codes = {getattr(getattr(stage_type, name, None), "__code__", None) for name in FORWARDS}
     frame: FrameType | None = sys._getframe(1)
     for _ in range(_FRAMES_UP):
         if frame is None:
