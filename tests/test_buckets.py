@@ -89,21 +89,53 @@ def test_size_limits_default_explicit_and_auto() -> None:
 )
 @pytest.mark.parametrize("as_view", [False, True])
 @pytest.mark.parametrize("missing", [False, True])
-def test_gather_small_grads_puts_every_gradient_in_its_slot(shapes: list, as_view: bool, missing: bool) -> None:
+@pytest.mark.parametrize("quiet", [False, True])
+def test_gather_grads_puts_every_gradient_in_its_slot(shapes: list, as_view: bool, missing: bool, quiet: bool) -> None:
     torch.manual_seed(0)
     params = [torch.nn.Parameter(torch.randn(s)) for s in shapes]
     for p in params:
         p.grad = torch.randn_like(p)
     if missing:
         params[-1].grad = None  # no gradient: its slot is zeroed
-    expected = [None if p.grad is None else p.grad.clone() / 2 for p in params]
+    # torch's arithmetic (Reducer::mark_variable_ready_dense): a gradient copied in is multiplied by 1 / world size,
+    # bit for bit; 3 ranks is where that and a division round differently.
+    expected = [None if p.grad is None else torch.mul(p.grad, 1.0 / 3) for p in params]
     bucket = make_bucket(0, list(range(len(params))), params, as_view)
-    for slot, eager in enumerate(bucket.eager):  # the large ones arrive first, one by one
-        if eager:
-            bucket.take(slot, 2)
-    bucket.gather_small_grads(2)
+    if quiet:  # the last-ready parameter's hook stands for the others; large ones wait for the gather too
+        bucket.stand_for_quiet(list(range(len(params))), include_eager=not as_view)
+    for slot, eager in enumerate(bucket.eager):  # the large ones with hooks arrive first, one by one
+        if eager and bucket.param_indices[slot] not in bucket.quiet:
+            bucket.take(slot, 3)
+    bucket.gather_grads(3)
     for p, view in zip(bucket.params, bucket.views):
         want = expected[next(i for i, q in enumerate(params) if q is p)]
         assert torch.equal(view, torch.zeros_like(view) if want is None else want)
         if as_view and want is not None:
             assert p.grad.data_ptr() == view.data_ptr()  # .grad now lives in the bucket
+
+
+def test_a_gradient_already_in_its_slot_is_divided_as_torch_divides_it() -> None:
+    # gradient_as_bucket_view's steady state: .grad is the slot, and torch divides it in place (div_, not mul).
+    params = [torch.nn.Parameter(torch.randn(3)) for _ in range(2)]
+    bucket = make_bucket(0, [0, 1], params, as_view=True)
+    for p in params:
+        p.grad = torch.randn_like(p)
+    bucket.gather_grads(1)  # the first time: .grad moves into its slot
+    values = [v.clone() for v in bucket.views]
+    bucket.gather_grads(3)
+    assert all(torch.equal(v, w / 3) for v, w in zip(bucket.views, values))
+
+
+def test_quiet_parameters_are_heard_by_count_and_named_by_identity_when_late() -> None:
+    params = [torch.nn.Parameter(torch.randn(2)) for _ in range(4)]
+    bucket = make_bucket(0, [0, 1, 2, 3], params, as_view=False)
+    assert bucket.stand_for_quiet([3, 1, 0, 2], include_eager=True) == [0, 1, 3]  # 2 is ready last
+    assert bucket.hooked_count == 1
+    for i in (3, 1, 0):
+        bucket.heard.append(params[i])  # what their hooks do
+    assert bucket.unheard() == []
+    bucket.heard.clear()
+    bucket.heard.append(params[3])  # the order changed: 0 and 1 are still to come
+    assert bucket.unheard() == [0, 1]
+    bucket.speak_up()
+    assert bucket.quiet == [] and bucket.hooked_count == 4

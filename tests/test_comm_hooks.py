@@ -118,13 +118,14 @@ def _fit(rank: int, world_size: int, compress: bool, steps: int = 100) -> tuple[
             warm_start=True,
         )
         ddp.register_comm_hook(state, comm.powerSGD_hook)
-    real_all_reduce = dist.all_reduce
+    real_all_reduce = dist.ProcessGroup.allreduce
 
-    def counting_all_reduce(tensor, *args, **kwargs):
-        sent[0] += tensor.numel() * tensor.element_size()
-        return real_all_reduce(tensor, *args, **kwargs)
+    def counting_all_reduce(group, tensors, *args, **kwargs):
+        sent[0] += sum(t.numel() * t.element_size() for t in tensors)
+        return real_all_reduce(group, tensors, *args, **kwargs)
 
-    dist.all_reduce = counting_all_reduce  # this process only; PowerSGD and the reducer both call it
+    # This process only. PowerSGD (through dist.all_reduce) and the reducer both end in the group's allreduce.
+    dist.ProcessGroup.allreduce = counting_all_reduce
     target = torch.randn(32, 32, generator=torch.Generator().manual_seed(1)) / 32**0.5  # loss starts near 1
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)  # what PowerSGD was designed with
     g = torch.Generator().manual_seed(10 + rank)
@@ -134,7 +135,7 @@ def _fit(rank: int, world_size: int, compress: bool, steps: int = 100) -> tuple[
         loss = torch.nn.functional.mse_loss(ddp(x), x @ target)
         loss.backward()
         opt.step()
-    dist.all_reduce = real_all_reduce
+    dist.ProcessGroup.allreduce = real_all_reduce
     return loss.item(), sent[0]
 
 

@@ -69,7 +69,7 @@ def assign_buckets(
 class Bucket:
     """One flat buffer and a shaped view of it for each of its parameters.
 
-    gradient_as_bucket_view is the subclass (:func:`make_bucket`): :meth:`take` and :meth:`gather_small_grads`
+    gradient_as_bucket_view is the subclass (:func:`make_bucket`): :meth:`take` and :meth:`gather_grads`
     either make ``.grad`` the slot or copy into it, with no per-gradient test of the flag.
     """
 
@@ -102,8 +102,12 @@ class Bucket:
         for p in members:
             self.views.append(self.buffer[offset : offset + p.numel()].view_as(p))
             offset += p.numel()
-        # Parameters whose hook is removed under static_graph (see quiet_parameters): marked ready with the bucket.
+        # Parameters whose gradient hook only notes that it fired (see quiet_parameters): their hook is
+        # ``self.heard.append``, a C function, so no Python frame runs for them; the last-ready parameter's hook
+        # stands for them all, and :meth:`unheard` checks that they did fire.
         self.quiet: list[int] = []
+        self.heard: list[torch.Tensor] = []
+        self._quiet_eager: list[int] = []  # slots of quiet large gradients, copied in with the small ones
         self.eager = [p.numel() >= EAGER_COPY_NUMEL for p in members]
         self._small_params = members[len(large) :]
         self._small_views = self.views[len(large) :]
@@ -120,25 +124,47 @@ class Bucket:
         """How many of this bucket's parameters report through their own hook (all but the quiet ones)."""
         return len(self.param_indices) - len(self.quiet)
 
-    def stand_for_quiet(self, order: Sequence[int]) -> list[int]:
-        """static_graph: let the last-ready hook of each run of small parameters stand for the others (see
-        :func:`quiet_parameters`); returns the quiet ones, whose hooks the reducer removes."""
-        self.quiet = quiet_parameters(self, order)
+    def stand_for_quiet(self, order: Sequence[int], include_eager: bool) -> list[int]:
+        """Let the last-ready parameter's hook (in the ready ``order``) stand for the others of this bucket (see
+        :func:`quiet_parameters`); returns the quiet ones, whose hooks the reducer makes ``self.heard.append``.
+        ``include_eager``: large gradients too, copied in when the bucket fills instead of as each is ready."""
+        self.quiet = quiet_parameters(self, order, include_eager)
+        self.heard = []
+        slot = {i: s for s, i in enumerate(self.param_indices)}
+        self._quiet_eager = [slot[i] for i in self.quiet if self.eager[slot[i]]]
         return self.quiet
+
+    def speak_up(self) -> None:
+        """Every parameter reports through its own hook again (the ready order changed: :meth:`unheard`)."""
+        self.quiet, self.heard, self._quiet_eager = [], [], []
+
+    def unheard(self) -> list[int]:
+        """The quiet parameters whose gradient has not been accumulated since :attr:`heard` was last cleared.
+
+        Autograd runs each parameter's hook once per backward, so when the count matches, every one of them has
+        fired (the fast path: no per-parameter work). Otherwise the ready order changed: name the missing ones by
+        identity, for the step to wait for them."""
+        if len(self.heard) == len(self.quiet):
+            return []
+        heard = {id(t) for t in self.heard}
+        slot = {i: s for s, i in enumerate(self.param_indices)}
+        return [i for i in self.quiet if id(self.params[slot[i]]) not in heard]
 
     def receive(self, result: torch.Tensor) -> None:
         """The reduced values (a hook may return another tensor than the buffer it was given)."""
         if result.data_ptr() != self.buffer.data_ptr():
             self.buffer.copy_(result.view_as(self.buffer))
 
-    # ``divisor`` (the world size, when gradsync itself averages): like torch's C++ reducer, gradients are divided
-    # on their way into the bucket (one pass over memory), not copied and then divided again in the hook.
+    # ``divisor`` (the world size, when gradsync itself averages): like torch's C++ reducer, gradients are averaged
+    # on their way into the bucket (one pass over memory), not copied and then divided again in the hook, and with
+    # torch's arithmetic: multiplied by 1 / divisor as they are copied, divided where one already is its slot
+    # (``Reducer::mark_variable_ready_dense``), so that 3 or 7 ranks round as torch's DDP does.
 
     def take(self, slot: int, divisor: int | None) -> None:
         """One ready gradient into its slot: :meth:`_copy_grad` or :meth:`_adopt_grad`, as the subclass says."""
         raise NotImplementedError
 
-    def _gather(self, grads: list[torch.Tensor | None]) -> None:
+    def _gather(self, grads: list[torch.Tensor | None], divisor: int | None) -> None:
         raise NotImplementedError
 
     def _adopt_grad(self, slot: int, divisor: int | None) -> None:
@@ -162,15 +188,16 @@ class Bucket:
         else:
             _move(grad, self.views[slot], divisor)
 
-    def gather_small_grads(self, divisor: int | None) -> None:
-        """Copy all the small gradients in together, once the whole bucket is ready, and divide them in one go."""
+    def gather_grads(self, divisor: int | None) -> None:
+        """Once the whole bucket is ready: the quiet large gradients into their slots, then all the small ones
+        together, divided in one go."""
+        for slot in self._quiet_eager:
+            self.take(slot, divisor)
         if not self._small_params:
             return
-        self._gather([p.grad for p in self._small_params])
-        if divisor:
-            self._small_region.div_(divisor)
+        self._gather([p.grad for p in self._small_params], divisor)
 
-    def _gather_into_views(self, grads: list[torch.Tensor | None]) -> None:
+    def _gather_into_views(self, grads: list[torch.Tensor | None], divisor: int | None) -> None:
         # gradient_as_bucket_view: gradients already in their slot stay, the others are copied and .grad becomes the
         # slot; the small gradients' extra memory is held until the bucket fills, not one at a time.
         params, views = self._small_params, self._small_views
@@ -181,8 +208,19 @@ class Bucket:
             params[k].grad = views[k]
         for k in (k for k, g in enumerate(grads) if g is None):
             views[k].zero_()
+        if not divisor:
+            return
+        if not moving:  # the steady state: every small gradient already is its slot (one kernel over the region)
+            self._small_region.div_(divisor)
+        elif len(moving) == len(grads):
+            self._small_region.mul_(1.0 / divisor)
+        else:
+            moved = set(moving)
+            torch_private.foreach_mul_([views[k] for k in moving], 1.0 / divisor)
+            for k in (k for k in range(len(grads)) if k not in moved):
+                views[k].div_(divisor)
 
-    def _gather_copies(self, grads: list[torch.Tensor | None]) -> None:
+    def _gather_copies(self, grads: list[torch.Tensor | None], divisor: int | None) -> None:
         views = self._small_views
         if any(g is None for g in grads):
             for grad, view in zip(grads, views):
@@ -190,12 +228,14 @@ class Bucket:
                     view.zero_()
                 else:
                     view.copy_(grad)
-            return
-        k = self._n_vectors if self._n_vectors > 1 else 0  # a lone vector goes with the rest
-        if k:
-            torch.cat(grads[:k], out=self._vector_region)  # type: ignore[arg-type]
-        if k < len(grads):
-            torch_private.foreach_copy_(views[k:], grads[k:])  # type: ignore[arg-type]
+        else:
+            k = self._n_vectors if self._n_vectors > 1 else 0  # a lone vector goes with the rest
+            if k:
+                torch.cat(grads[:k], out=self._vector_region)  # type: ignore[arg-type]
+            if k < len(grads):
+                torch_private.foreach_copy_(views[k:], grads[k:])  # type: ignore[arg-type]
+        if divisor:
+            self._small_region.mul_(1.0 / divisor)
 
 
 class CopyBucket(Bucket):
@@ -228,22 +268,25 @@ def make_bucket(
 AnyBucket = Bucket | SparseBucket
 
 
-def quiet_parameters(bucket: Bucket, order: Sequence[int]) -> list[int]:
-    """The small parameters of ``bucket`` that need no hook when the ready ``order`` never changes (static_graph).
+def quiet_parameters(bucket: Bucket, order: Sequence[int], include_eager: bool) -> list[int]:
+    """The parameters of ``bucket`` whose hook need not run Python once the ready ``order`` is known: all but the
+    bucket's last-ready one (and, unless ``include_eager``, its large ones, which keep their hooks so that their
+    copies spread over backward and, with gradient_as_bucket_view, free each gradient's memory as it is ready).
 
     Autograd's engine runs the same graph in the same order every time (AccumulateGrad nodes run as soon as they
     are ready, in a deterministic priority order), so once the bucket's last-ready parameter fires, every earlier
-    one has accumulated its gradient: that one hook stands for the others. Large parameters keep their hooks, so
-    their copies still spread over backward. Saves one Python call per small parameter per backward.
+    one has usually accumulated its gradient: that one hook stands for the others, which only note that they fired
+    (:meth:`Bucket.unheard` checks it, so a changed order costs a wait, never a wrong average). Saves one Python
+    call per quiet parameter per backward.
     """
     position = {i: k for k, i in enumerate(order)}
     last = max(bucket.param_indices, key=position.__getitem__)
-    return [i for i, eager in zip(bucket.param_indices, bucket.eager) if not eager and i != last]
+    return [i for i, eager in zip(bucket.param_indices, bucket.eager) if (include_eager or not eager) and i != last]
 
 
 def _move(grad: torch.Tensor, view: torch.Tensor, divisor: int | None) -> None:
     if divisor:
-        torch.div(grad, divisor, out=view)
+        torch.mul(grad, 1.0 / divisor, out=view)
     else:
         view.copy_(grad)
 

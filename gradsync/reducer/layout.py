@@ -61,6 +61,7 @@ class BucketLayout:
         self._flat_params = [p for b in self.dense for p in b.params]
         self._flat_views = [v for b in self.dense for v in b.views]
         self._flat_indices = [i for b in self.dense for i in b.param_indices]
+        self._quiet: list[Bucket] = []  # the buckets with quiet parameters (quiet_hooks)
 
     @classmethod
     def first(
@@ -91,10 +92,31 @@ class BucketLayout:
                     view.copy_(param.grad)
                     param.grad = view
 
-    def silence_small_hooks(self, ready_order: Sequence[int]) -> list[int]:
-        """static_graph: per bucket, the small parameters whose hook the last-ready one stands for (see
-        :func:`quiet_parameters`); returns all of them, for the reducer to remove their hooks."""
-        return [i for bucket in self.dense for i in bucket.stand_for_quiet(ready_order)]
+    def quiet_hooks(self, ready_order: Sequence[int]) -> dict[int, Bucket]:
+        """Per bucket, the parameters whose hook the last-ready one stands for (:func:`quiet_parameters`), each with
+        its bucket: the reducer makes their hooks ``bucket.heard.append``. With gradient_as_bucket_view the large
+        ones keep their hooks, which move each gradient into its slot as it is ready and so free its memory."""
+        quiet: dict[int, Bucket] = {}
+        for bucket in self.dense:
+            quiet.update(dict.fromkeys(bucket.stand_for_quiet(ready_order, include_eager=not self.as_view), bucket))
+        self._quiet = [b for b in self.dense if b.quiet]
+        return quiet
+
+    def speak_up(self) -> None:
+        """Every parameter reports through its own hook again."""
+        for bucket in self._quiet:
+            bucket.speak_up()
+        self._quiet = []
+
+    def clear_heard(self) -> None:
+        """A new backward starts: no quiet parameter has fired yet (its hook appends to its bucket's list)."""
+        for bucket in self._quiet:
+            bucket.heard.clear()
+
+    def heard(self) -> set[int]:
+        """The quiet parameters that fired since :meth:`clear_heard`, as indices (for error messages)."""
+        ids = {id(t) for b in self._quiet for t in b.heard}
+        return {i for b in self._quiet for i, p in zip(b.param_indices, b.params) if id(p) in ids}
 
     def write_back(self, globally_used: list[int] | None, scale: float) -> None:
         """Every bucket's averages, times ``scale``, into ``.grad`` (one fused copy in the common case)."""

@@ -30,6 +30,6 @@ def average_gradients(params: Iterable[torch.nn.Parameter], process_group: dist.
         if not anyone:
             continue
         grad = p.grad if p.grad is not None else torch.zeros_like(p)
-        grad.div_(comm.size)
+        grad.mul_(1.0 / comm.size)  # torch's C++ reducer multiplies by the reciprocal too
         comm.all_reduce(Op.BUCKET_ALLREDUCE, grad, index=k)
         p.grad = grad

@@ -24,7 +24,7 @@ which parameters are used, then reduces everything at the end (torch's delayed a
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -98,6 +98,8 @@ class Reducer:
         self._handles = [
             p.register_post_accumulate_grad_hook(self._make_hook(i)) for i, p in enumerate(self._local.params)
         ]
+        self._quiet: list[AnyBucket | None] = [None] * len(self.params)  # the bucket a quiet hook notes into
+        self._order_changed = False  # a quiet parameter fired after its bucket's last: every hook stays loud
 
     # ------------------------------------------------------------------------------------- what it exposes
     @property
@@ -178,6 +180,7 @@ class Reducer:
             usage=self._usage,
             recorder=self._recorder,
             bucket_reduced=self._bucket_reduced,
+            hear_late=self._hear_late,
         )
 
     # ------------------------------------------------------------------------------------------- per step
@@ -187,17 +190,47 @@ class Reducer:
         if layout is None:
             return
         layout.adopt_current_grads()
+        self._adopt(layout)
+
+    def _adopt(self, layout: BucketLayout) -> None:
+        """Reduce into ``layout`` from now on, with quiet hooks where they may be."""
         self.layout = layout
-        static, order = self._static, self._rebuild.local_order
-        # A DTensor parameter's hook also brings its gradient in (local_params.py), so none is silenced.
-        if (
-            self._rebuild.done
-            and static is not None
-            and not self._local.sharded
-            and static.may_silence_hooks(order, self.comm.check_desync)
-        ):
-            for i in layout.silence_small_hooks(order):
-                self._handles[i].remove()
+        self._hook(layout.quiet_hooks(self._rebuild.local_order) if self._may_quiet_hooks() else {})
+
+    def _may_quiet_hooks(self) -> bool:
+        """Whether each bucket's last-ready hook may stand for the others (:func:`.buckets.quiet_parameters`): once
+        the rebuild has settled the buckets and this rank's ready order is known, every parameter used in every
+        iteration, and the order never seen to change. A DTensor parameter's hook also brings its gradient in
+        (local_params.py), and GRADSYNC_DEBUG's desync check keeps every hook, so a rank whose graph changed is
+        still caught the moment it happens."""
+        if self._order_changed or not self._rebuild.done or self._local.sharded or self.comm.check_desync:
+            return False
+        order = self._rebuild.local_order
+        if self.mode is GraphMode.STATIC:
+            assert self._static is not None
+            return self._static.may_silence_hooks(order, self.comm.check_desync)
+        return self.mode is GraphMode.ALL_USED and len(order) == len(self.params)
+
+    def _hook(self, quiet: Mapping[int, AnyBucket]) -> None:
+        """Give parameter i the hook ``quiet`` says: its bucket's ``heard.append`` if quiet, else its own."""
+        for i, param in enumerate(self._local.params):
+            bucket = quiet.get(i)
+            if bucket is None and self._quiet[i] is None:
+                continue
+            self._handles[i].remove()
+            hook = self._make_hook(i) if bucket is None else bucket.heard.append
+            self._handles[i] = param.register_post_accumulate_grad_hook(hook)
+            self._quiet[i] = bucket
+
+    def _hear_late(self, late: list[int]) -> None:
+        """Quiet parameters fired after their bucket's last-ready one: the ready order changed. From now on every
+        parameter has its own hook (the late ones at once, so they report in this backward; the rest at the next
+        forward, as their buckets still count on their notes in this one)."""
+        self._order_changed = True
+        for i in late:
+            self._handles[i].remove()
+            self._handles[i] = self._local.params[i].register_post_accumulate_grad_hook(self._make_hook(i))
+            self._quiet[i] = None
 
     def bucket_plan(self) -> tuple[list[int], list[int]] | None:
         """The buckets' order and caps once rebuilt (None before, and under static_graph, whose first iterations
@@ -215,7 +248,7 @@ class Reducer:
                 f"start_from: this reducer already ran {self.iteration} synced backward(s) "
                 f"({self._rebuild.state.value}); a bucket plan is taken before the first synced forward of a new group"
             )
-        self.layout = self._rebuild.adopt(plan, self._release_layout)
+        self._adopt(self._rebuild.adopt(plan, self._release_layout))
 
     def _release_layout(self) -> Storage | None:
         """Before the rebuild (or the tuner's trial) builds a layout: let go of the current one and hand its storage
@@ -237,6 +270,10 @@ class Reducer:
         graph); ``scale`` multiplies the averages (join with divide_by_initial_world_size=False). Returns what the
         forward's output tensors must pass through for this step, the outputs' sink (:mod:`.sink`), or None."""
         self._raise_if_unfinished()
+        if self._order_changed and any(self._quiet):
+            self.layout.speak_up()
+            self._hook({})
+        self.layout.clear_heard()
         self._unused = self._unused_parameters(outputs)
         if self._local.sharded:
             self._local.bring_in_all()
@@ -256,6 +293,7 @@ class Reducer:
     def skip_next_backward(self) -> None:
         """Let the next backward accumulate gradients locally (no_sync / require_backward_grad_sync=False)."""
         self._raise_if_unfinished()
+        self.layout.clear_heard()  # the quiet hooks note every backward; only a synced one reads the notes
         self._follow(None)
 
     def shadow_backward(self) -> None:

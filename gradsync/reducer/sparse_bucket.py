@@ -19,6 +19,7 @@ class SparseBucket:
         param = params[param_index]
         self.params = [param]
         self.quiet: list[int] = []
+        self.heard: list[torch.Tensor] = []
         self.eager = [True]
         self.hooked_count = 1
         self.nbytes = param.numel() * param.element_size()  # its dense size, for messages
@@ -34,7 +35,10 @@ class SparseBucket:
             self.buffer = grad / divisor if divisor else grad.clone()
         self.views = [self.buffer]
 
-    def gather_small_grads(self, divisor: int | None) -> None:
+    def unheard(self) -> list[int]:
+        return []  # its one parameter reports through its own hook
+
+    def gather_grads(self, divisor: int | None) -> None:
         pass
 
     def receive(self, result: torch.Tensor) -> None:

@@ -47,6 +47,7 @@ class StepContext:
     usage: GlobalUsage
     recorder: Recorder
     bucket_reduced: Callable[[AnyBucket], None] | None  # hand each bucket on as soon as its averages are in .grad
+    hear_late: Callable[[list[int]], None]  # quiet parameters that fired after their bucket's last: hook them again
 
 
 class Phase(enum.Enum):
@@ -137,21 +138,27 @@ class BackwardStep:
 
     def _bucket_filled(self, k: int) -> None:
         bucket = self.layout.buckets[k]
-        for j in bucket.quiet:  # static_graph: the last-ready hook stood for these
-            self.ready[j] = 1
-        if bucket.quiet:
-            self._check_quiet_got_gradients(bucket)
-        bucket.gather_small_grads(self._divisor)
+        if bucket.quiet and not self._quiet_heard(k, bucket):
+            return  # waiting for quiet parameters that fired late: their own hooks now report them
+        bucket.gather_grads(self._divisor)
         self.ctx.recorder.bucket_ready(k)
         if k == self.next_launch:
             self._launch_ready()
 
-    def _check_quiet_got_gradients(self, bucket: AnyBucket) -> None:
-        """static_graph's silenced hooks cannot say a parameter went unused; a ``.grad`` still None (zero_grad sets
-        it so by default) can, and then the graph changed (torch raises here too, one iteration later)."""
-        lost = [self.ctx.names[j] for j in bucket.quiet if bucket.params[self._slot_of[j]].grad is None]
-        if lost:
-            _raise_no_gradient(lost, messages.unused_hint(False, True))
+    def _quiet_heard(self, k: int, bucket: AnyBucket) -> bool:
+        """The last-ready hook stood for the quiet parameters (:func:`.buckets.quiet_parameters`): whether all of them
+        fired. If the ready order changed, the ones still to come are handed to the reducer, which gives them their
+        own hooks, and the bucket waits for them (so a changed order costs a wait, never a wrong average)."""
+        late = [j for j in bucket.unheard() if not self.ready[j]]
+        for j in bucket.quiet:
+            self.ready[j] = 1
+        if not late:
+            return True
+        for j in late:
+            self.ready[j] = 0
+        self.pending[k] = len(late)
+        self.ctx.hear_late(late)
+        return False
 
     def _launch_ready(self) -> None:
         # Strictly in bucket order: every rank must issue identical collectives in an identical sequence.
@@ -184,8 +191,9 @@ class BackwardStep:
         return GradientError(messages.ready_twice(self.ctx.names[i]))
 
     def missing(self) -> list[str]:
-        """The parameters whose gradient has not arrived."""
-        return [name for name, ready in zip(self.ctx.names, self.ready) if not ready]
+        """The parameters whose gradient has not arrived (a quiet one that fired counts as arrived)."""
+        heard = self.layout.heard()
+        return [name for i, (name, ready) in enumerate(zip(self.ctx.names, self.ready)) if not ready and i not in heard]
 
     def _buffer_and_views(self, k: int) -> tuple[torch.Tensor, list[torch.Tensor]]:
         bucket = self.layout.buckets[k]
