@@ -6,6 +6,7 @@ gradients are packed into flat buffers ("buckets") of about ``bucket_cap_mb`` ea
 
 from __future__ import annotations
 
+import collections
 from collections.abc import Sequence
 
 import torch
@@ -104,9 +105,10 @@ class Bucket:
             offset += p.numel()
         # Parameters whose gradient hook only notes that it fired (see quiet_parameters): their hook is
         # ``self.heard.append``, a C function, so no Python frame runs for them; the last-ready parameter's hook
-        # stands for them all, and :meth:`unheard` checks that they did fire.
+        # stands for them all, and :meth:`unheard` checks that they did fire. Bounded: the notes of backwards no
+        # synced forward clears (a second wrapper of the same module training) cannot pile up.
         self.quiet: list[int] = []
-        self.heard: list[torch.Tensor] = []
+        self.heard: collections.deque[torch.Tensor] = collections.deque(maxlen=0)
         self._quiet_eager: list[int] = []  # slots of quiet large gradients, copied in with the small ones
         self.eager = [p.numel() >= EAGER_COPY_NUMEL for p in members]
         self._small_params = members[len(large) :]
@@ -129,14 +131,14 @@ class Bucket:
         :func:`quiet_parameters`); returns the quiet ones, whose hooks the reducer makes ``self.heard.append``.
         ``include_eager``: large gradients too, copied in when the bucket fills instead of as each is ready."""
         self.quiet = quiet_parameters(self, order, include_eager)
-        self.heard = []
+        self.heard = collections.deque(maxlen=len(self.quiet))
         slot = {i: s for s, i in enumerate(self.param_indices)}
         self._quiet_eager = [slot[i] for i in self.quiet if self.eager[slot[i]]]
         return self.quiet
 
     def speak_up(self) -> None:
         """Every parameter reports through its own hook again (the ready order changed: :meth:`unheard`)."""
-        self.quiet, self.heard, self._quiet_eager = [], [], []
+        self.quiet, self.heard, self._quiet_eager = [], collections.deque(maxlen=0), []
 
     def unheard(self) -> list[int]:
         """The quiet parameters whose gradient has not been accumulated since :attr:`heard` was last cleared.

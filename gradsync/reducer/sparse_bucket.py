@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import collections
 from collections.abc import Sequence
 
 import torch
@@ -19,7 +20,7 @@ class SparseBucket:
         param = params[param_index]
         self.params = [param]
         self.quiet: list[int] = []
-        self.heard: list[torch.Tensor] = []
+        self.heard: collections.deque[torch.Tensor] = collections.deque(maxlen=0)
         self.eager = [True]
         self.hooked_count = 1
         self.nbytes = param.numel() * param.element_size()  # its dense size, for messages
