@@ -69,7 +69,8 @@ python -m bench.converge --task gpt --link 1gbit --budget 60 --runs 1 --batch 32
 # Scaling (docs/scaling.md): measured to 16 ranks, the reducer's CPU per step, the paper's setting planned.
 python -m bench.scale --model resnet50 --ranks 1,2,4,8,16 --link 10gbit --scale 128 --slow-motion 4 --runs 3 --steps 16
 python -m bench.scale --model resnet50 --ranks 1,2,4,8,16 --link 1gbit --scale 64 --runs 3 --steps 12
-python -m bench.scale.step_cpu --steps 1400
+python -m bench.scale.step_cpu --steps 600
+python -m bench.scale.step_cpu --steps 600 --model gpt2
 python -m bench.scale.paper_plan
 
 # Surviving failures (docs/elastic.md): the pauses, with the store on etcd, and what elastic costs per step.
