@@ -197,6 +197,7 @@ class State:
         """Form the next round with the live workers (and any waiting to join), then carry on from there."""
         assert self.job.round is not None
         start, before = time.monotonic(), self.job.round.world_size
+        self.job.leave_group()  # first: the members still inside the failed collective then fail at once
         round_ = self.job.next_round(self.steps)
         self.job.form_group(round_)
         # The same collectives, in the same order, as a newly started worker's constructors, then the state.
