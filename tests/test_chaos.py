@@ -30,8 +30,10 @@ def test_a_pause_is_the_longest_wait_between_steps_after_its_fault() -> None:
 
 
 @pytest.mark.netlab()
-# Not yet in the default suite. Its first run (seed 3, 4 hosts): faults injected, every sample used exactly once,
-# but only 1 of the 4 hosts' last workers wrote its final record: to be found before it joins the suite.
+# Not yet in the default suite. Since the fixes of e9e2be0 every sample is used exactly once and every host ends
+# identical; its last run failed only the pause bound (a host lost whole paused 5.3 s: survivors waited in gloo's
+# collective on each other), which the round group's leave() fixed (1.1 s in the same schedule). It joins the suite
+# once it has passed several runs in a row.
 @pytest.mark.lab
 @pytest.mark.timeout(300)
 def test_a_few_seeded_random_faults_lose_nothing(tmp_path: Path) -> None:
