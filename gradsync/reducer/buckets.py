@@ -110,6 +110,7 @@ class Bucket:
         self.quiet: list[int] = []
         self.heard: collections.deque[torch.Tensor] = collections.deque(maxlen=0)
         self._quiet_eager: list[int] = []  # slots of quiet large gradients, copied in with the small ones
+        self.quiet_params: list[torch.Tensor] = []
         self.eager = [p.numel() >= EAGER_COPY_NUMEL for p in members]
         self._small_params = members[len(large) :]
         self._small_views = self.views[len(large) :]
@@ -134,11 +135,12 @@ class Bucket:
         self.heard = collections.deque(maxlen=len(self.quiet))
         slot = {i: s for s, i in enumerate(self.param_indices)}
         self._quiet_eager = [slot[i] for i in self.quiet if self.eager[slot[i]]]
+        self.quiet_params = [self.params[slot[i]] for i in self.quiet]  # the tensors their hooks note
         return self.quiet
 
     def speak_up(self) -> None:
         """Every parameter reports through its own hook again (the ready order changed: :meth:`unheard`)."""
-        self.quiet, self.heard, self._quiet_eager = [], collections.deque(maxlen=0), []
+        self.quiet, self.heard, self._quiet_eager, self.quiet_params = [], collections.deque(maxlen=0), [], []
 
     def unheard(self) -> list[int]:
         """The quiet parameters whose gradient has not been accumulated since :attr:`heard` was last cleared.
@@ -149,8 +151,7 @@ class Bucket:
         if len(self.heard) == len(self.quiet):
             return []
         heard = {id(t) for t in self.heard}
-        slot = {i: s for s, i in enumerate(self.param_indices)}
-        return [i for i in self.quiet if id(self.params[slot[i]]) not in heard]
+        return [i for i, p in zip(self.quiet, self.quiet_params) if id(p) not in heard]
 
     def receive(self, result: torch.Tensor) -> None:
         """The reduced values (a hook may return another tensor than the buffer it was given)."""

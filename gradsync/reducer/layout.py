@@ -115,8 +115,7 @@ class BucketLayout:
 
     def heard(self) -> set[int]:
         """The quiet parameters that fired since :meth:`clear_heard`, as indices (for error messages)."""
-        ids = {id(t) for b in self._quiet for t in b.heard}
-        return {i for b in self._quiet for i, p in zip(b.param_indices, b.params) if id(p) in ids}
+        return {i for b in self._quiet for i in set(b.quiet).difference(b.unheard())}
 
     def write_back(self, globally_used: list[int] | None, scale: float) -> None:
         """Every bucket's averages, times ``scale``, into ``.grad`` (one fused copy in the common case)."""

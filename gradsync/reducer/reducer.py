@@ -213,14 +213,17 @@ class Reducer:
 
     def _hook(self, quiet: Mapping[int, AnyBucket]) -> None:
         """Give parameter i the hook ``quiet`` says: its bucket's ``heard.append`` if quiet, else its own."""
-        for i, param in enumerate(self._local.params):
+        for i in range(len(self._local.params)):
             bucket = quiet.get(i)
-            if bucket is None and self._quiet[i] is None:
-                continue
-            self._handles[i].remove()
-            hook = self._make_hook(i) if bucket is None else bucket.heard.append
-            self._handles[i] = param.register_post_accumulate_grad_hook(hook)
-            self._quiet[i] = bucket
+            if bucket is not None or self._quiet[i] is not None:
+                self._rehook(i, bucket)
+
+    def _rehook(self, i: int, bucket: AnyBucket | None) -> None:
+        """Parameter i's hook becomes ``bucket.heard.append`` (quiet), or its own (``bucket`` None)."""
+        self._handles[i].remove()
+        hook = self._make_hook(i) if bucket is None else bucket.heard.append
+        self._handles[i] = self._local.params[i].register_post_accumulate_grad_hook(hook)
+        self._quiet[i] = bucket
 
     def _hear_late(self, late: list[int]) -> None:
         """Quiet parameters fired after their bucket's last-ready one: the ready order changed. From now on every
@@ -228,9 +231,7 @@ class Reducer:
         forward, as their buckets still count on their notes in this one)."""
         self._order_changed = True
         for i in late:
-            self._handles[i].remove()
-            self._handles[i] = self._local.params[i].register_post_accumulate_grad_hook(self._make_hook(i))
-            self._quiet[i] = None
+            self._rehook(i, None)
 
     def bucket_plan(self) -> tuple[list[int], list[int]] | None:
         """The buckets' order and caps once rebuilt (None before, and under static_graph, whose first iterations
