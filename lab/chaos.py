@@ -8,9 +8,13 @@ Faults (h0 is never a victim: its launcher serves the job's store, and a TCPStor
 - ``pair``: two workers on two hosts SIGKILLed ``PAIR_GAP_S`` apart (the second inside the first's regroup);
 - ``host``: a host's launcher and worker SIGKILLed together, a fresh launcher started there ``HOST_DOWN_S`` later;
 - ``sigstop``: a worker stopped past the heartbeat timeout, then continued (it finds itself left out and rejoins);
-- ``link``: a host's link down past the heartbeat timeout, then up (its worker rejoins the majority).
+- ``link``: a host's link down past the heartbeat timeout, then up (its worker rejoins the majority);
+- ``split``: two hosts cut off together from the rest past the heartbeat timeout, reaching each other but not the
+  store (a split brain: the minority must commit nothing of its own), then healed;
+- ``loss``: ``LOSS`` of a host's packets dropped for a while (netem: where the kernel lacks it, not drawn, and the
+  run's record says why).
 
-Loss on a link (netem) and etcd member faults are not drawn yet: see docs/elastic.md.
+etcd member faults are not drawn yet: see docs/elastic.md.
 """
 
 from __future__ import annotations
@@ -30,12 +34,15 @@ from pathlib import Path
 from lab import netlab
 from lab.elastic import SAMPLES, events_of, finals, inject, kill_all, launch, launch_on, pid_of
 
-KINDS = ("sigkill", "pair", "host", "sigstop", "link")
+KINDS = ("sigkill", "pair", "host", "sigstop", "link", "split", "loss")
+RATE = "1gbit"  # every host's link
+LOSS = "5%"
 PAIR_GAP_S = 0.3
 HOST_DOWN_S = 2.0
 STEP_SLEEP_S = 0.05
 TIMEOUT_S = 5.0  # the job's heartbeat (and collective) timeout
-SILENT_S = TIMEOUT_S + 2.0  # how long a stopped worker or a downed link stays so
+SILENT_S = TIMEOUT_S + 2.0  # how long a stopped worker, a downed link or a partition stays so
+SILENT_KINDS = ("sigstop", "link", "split")
 
 
 @dataclass
@@ -53,6 +60,7 @@ class ChaosRun:
     epochs: int
     faults: list[Fault] = field(default_factory=list)
     skipped: int = 0  # scheduled faults with no host free to take them
+    not_drawn: dict[str, str] = field(default_factory=dict)  # kinds this kernel cannot inject, and why
     logs: list[str] = field(default_factory=list)
 
 
@@ -77,14 +85,22 @@ def epochs_for(budget_s: float, hosts: int) -> int:
 
 
 def run(
-    tmp: Path, hosts: int = 8, budget_s: float = 120.0, mean_s: float = 10.0, seed: int = 0, kinds=KINDS
+    tmp: Path,
+    hosts: int = 8,
+    budget_s: float = 120.0,
+    mean_s: float = 10.0,
+    seed: int = 0,
+    kinds: Sequence[str] = KINDS,
 ) -> ChaosRun:
     """Start the job, inject the schedule's faults while the budget lasts, let the job finish; returns the record."""
     out = tmp / f"chaos-{seed}"
     out.mkdir()
     result = ChaosRun(out, hosts, epochs_for(budget_s, hosts))
+    if "loss" in kinds and netlab.available(delay=True) is not None:
+        result.not_drawn["loss"] = f"netem is needed to drop packets: {netlab.available(delay=True)}"
+        kinds = [k for k in kinds if k != "loss"]
     variables = {"STEP_SLEEP": str(STEP_SLEEP_S), "ELASTIC_TIMEOUT": str(TIMEOUT_S), "EPOCHS": str(result.epochs)}
-    with netlab.lab(hosts=hosts, rate="1gbit", prefix="gschaos") as lab:
+    with netlab.lab(hosts=hosts, rate=RATE, prefix="gschaos") as lab:
         procs = launch(lab, out, variables, max_restarts=10_000)
         try:
             _wait_for_steps(out, 10)
@@ -119,7 +135,7 @@ class _Injector:
 
     def inject(self, kind: str, rng: random.Random) -> Fault | None:
         free = [k for k in range(1, len(self.lab)) if k not in self.busy and self._training(k)]
-        count = 2 if kind == "pair" else 1
+        count = 2 if kind in ("pair", "split") else 1
         if len(free) < count:
             return None
         chosen = rng.sample(free, count)
@@ -133,7 +149,7 @@ class _Injector:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
         else:
-            self._in_thread(kind, chosen[0], pids[0])
+            self._in_thread(kind, chosen, pids[0])
         return fault
 
     def _training(self, k: int) -> bool:
@@ -146,19 +162,25 @@ class _Injector:
             return bool(lines) and json.loads(lines[-1])["t"] > self.hit.get(k, 0.0)
         return False
 
-    def _in_thread(self, kind: str, k: int, pid: int) -> None:
-        self.busy.add(k)
+    def _in_thread(self, kind: str, chosen: list[int], pid: int) -> None:
+        self.busy.update(chosen)
 
         def work() -> None:
             try:
                 if kind == "host":
-                    self._reboot(k, pid)
+                    self._reboot(chosen[0], pid)
+                elif kind == "split":
+                    with netlab.partition(self.lab, set(chosen)):
+                        time.sleep(SILENT_S)
+                elif kind == "loss":
+                    with netlab.lossy(self.lab[chosen[0]], LOSS, RATE):
+                        time.sleep(SILENT_S)
                 else:
-                    inject(kind, self.lab[k], pid, SILENT_S)
+                    inject(kind, self.lab[chosen[0]], pid, SILENT_S)
             finally:
-                self.busy.discard(k)
+                self.busy.difference_update(chosen)
 
-        thread = threading.Thread(target=work, name=f"chaos-{kind}-h{k}")
+        thread = threading.Thread(target=work, name=f"chaos-{kind}-{'-'.join(f'h{k}' for k in chosen)}")
         thread.start()
         self.threads.append(thread)
 

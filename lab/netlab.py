@@ -55,12 +55,13 @@ def available(rate: bool = True, delay: bool = False) -> str | None:
     return kernel.missing(needs(rate, delay))
 
 
-def _shape(namespace: str, dev: str, rate: str | None, delay: str | None) -> None:
+def _shape(namespace: str, dev: str, rate: str | None, delay: str | None, loss: str | None = None) -> None:
     # netem at the root with tbf as its child: tbf is classless, so it cannot be the parent of netem.
     qdisc = ["ip", "netns", "exec", namespace, "tc", "qdisc", "add", "dev", dev]
     parent = ["root", "handle", "1:"]
-    if delay:
-        _sh(*qdisc, *parent, "netem", "delay", delay, "limit", "100000")
+    if delay or loss:
+        impairments = [*(["delay", delay] if delay else []), *(["loss", loss] if loss else [])]
+        _sh(*qdisc, *parent, "netem", *impairments, "limit", "100000")
         parent = ["parent", "1:1", "handle", "10:"]
     if rate:
         # burst: a few ms of traffic at this rate, else tbf caps throughput far below `rate`.
@@ -91,6 +92,47 @@ def lab(
     remove(prefix)
     with _sigterm_exits():
         yield from _lab(hosts, rate, delay, prefix, subnet)
+
+
+@contextlib.contextmanager
+def lossy(host: Host, loss: str, rate: str | None) -> Iterator[None]:
+    """Drop ``loss`` (netem's word: ``"5%"``) of what ``host`` sends while the block runs, its link keeping ``rate``
+    (the lab's); needs netem (:func:`available` with ``delay=True`` says whether this kernel has it)."""
+    root = host.command(["tc", "qdisc", "del", "dev", host.interface, "root"])
+    _sh(*root)
+    try:
+        _shape(host.namespace, host.interface, rate, None, loss)
+        yield
+    finally:
+        _sh(*root, check=False)
+        _shape(host.namespace, host.interface, rate, None)
+
+
+# A MAC address no host has: frames sent to it are flooded by the bridge and dropped by every host's interface.
+NOWHERE = "02:00:00:00:de:ad"
+
+
+@contextlib.contextmanager
+def partition(hosts: list[Host], side: set[int]) -> Iterator[None]:
+    """Split the lab in two while the block runs: the hosts whose index is in ``side`` reach each other, the others
+    reach each other, and nothing crosses, as when a switch between two racks fails.
+
+    Packets across are dropped silently, with no error to either sender (connections time out, as over a real
+    partition): each host's neighbour entry for every host on the other side names an address no interface has.
+    This kernel has no tc actions (``action drop``) and a blackhole route fails the sender at once, so the
+    neighbour table is the tool. Healed on exit, also after a failure."""
+    crossing = [(a, b) for a in hosts for b in hosts if (a.index in side) != (b.index in side)]
+    try:
+        for a, b in crossing:
+            _sh(
+                *a.command(
+                    ["ip", "neigh", "replace", b.address, "lladdr", NOWHERE, "dev", a.interface, "nud", "permanent"]
+                )
+            )
+        yield
+    finally:
+        for a, b in crossing:
+            _sh(*a.command(["ip", "neigh", "del", b.address, "dev", a.interface]), check=False)
 
 
 @contextlib.contextmanager

@@ -30,11 +30,8 @@ def test_a_pause_is_the_longest_wait_between_steps_after_its_fault() -> None:
 
 
 @pytest.mark.netlab()
-# Not yet in the default suite. Since the fixes of e9e2be0 every sample is used exactly once and every host ends
-# identical; its last run failed only the pause bound (a host lost whole paused 5.3 s: survivors waited in gloo's
-# collective on each other), which the round group's leave() fixed (1.1 s in the same schedule). It joins the suite
-# once it has passed several runs in a row.
-@pytest.mark.lab
+# In the default suite since it passed three runs in a row (2026-12-04/05); before, a host lost whole paused 5.3 s
+# (survivors waited in gloo's collective on each other) until the round group's leave() (1.1 s in this schedule).
 @pytest.mark.timeout(300)
 def test_a_few_seeded_random_faults_lose_nothing(tmp_path: Path) -> None:
     result = chaos.run(tmp_path, hosts=4, budget_s=24, mean_s=5, seed=3, kinds=("sigkill", "pair", "host"))

@@ -11,6 +11,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+import torch
 
 from gradsync.elastic import ElasticLoader
 
@@ -50,6 +51,41 @@ def test_loader_hands_out_every_sample_once_across_world_changes() -> None:
         seen += [i for indices, _ in shares for i in indices]
         position += shares[0][1]
     assert sorted(seen) == list(range(SAMPLES))
+
+
+def test_no_step_leaves_a_rank_an_empty_batch_and_every_sample_is_used_once() -> None:
+    """An epoch whose last step would hold fewer samples than ranks (482 samples, 4 ranks x 4: 2 left) gave ranks 2
+    and 3 an empty batch, and their collate failed (IndexError): the step before takes them."""
+    for samples in (1, 5, 17, 482, 483):
+        for world in range(1, 7):
+            for batch in (1, 3, 4):
+                loader = ElasticLoader(list(range(samples)), batch_size=batch, seed=0)
+                seen, position = [], 0
+                while position < samples:
+                    shares = [loader.share(position, world, r) for r in range(world)]
+                    if samples >= world:
+                        assert all(indices for indices, _ in shares), (samples, world, batch, position)
+                    seen += [i for indices, _ in shares for i in indices]
+                    position += shares[0][1]
+                assert sorted(seen) == list(range(samples)), (samples, world, batch)
+
+
+def test_a_rank_left_without_a_sample_repeats_one_and_consumes_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Joiners taken in by a failure's round at the epoch's last step: 3 samples left for 5 ranks. Ranks 3 and 4
+    get a batch (a sample repeated, as torch's DistributedSampler pads) and record none consumed."""
+    from gradsync.elastic import loader as module
+
+    loader = ElasticLoader(torch.arange(20.0), batch_size=4, seed=0)
+    loader.position = 17
+    left = loader.order()[17:]
+    for rank in range(5):
+        monkeypatch.setattr(module.dist, "is_initialized", lambda: True)
+        monkeypatch.setattr(module.dist, "get_world_size", lambda: 5)
+        monkeypatch.setattr(module.dist, "get_rank", lambda rank=rank: rank)
+        batch = next(iter(loader))
+        assert batch.numel() == 1 and int(batch) in left
+        assert loader.last_indices == ([left[rank]] if rank < 3 else [])
+    assert loader.can_grow_to(3) and not loader.can_grow_to(5)
 
 
 def test_a_killed_ranks_unrecorded_share_is_filled_only_within_the_kills_injected() -> None:

@@ -70,7 +70,7 @@ def pauses(times: list[float], faults: list[chaos.Fault]) -> list[float]:
 def back_after(events: list[dict], host_of: dict[int, str], fault: chaos.Fault) -> float:
     """Seconds until the last of the fault's hosts commits a step again (a restarted worker rejoined, or the stopped
     or cut-off one was admitted again); ``host_of``: each worker's host, by pid."""
-    silent = chaos.SILENT_S if fault.kind in ("sigstop", "link") else 0.0
+    silent = chaos.SILENT_S if fault.kind in chaos.SILENT_KINDS else 0.0
     backs = []
     for host in fault.hosts:
         later = [e["t"] for e in events if host_of.get(e["pid"]) == host and e["t"] > fault.t + silent]
@@ -107,6 +107,7 @@ def summarize(result: chaos.ChaosRun, cpu_s: float, wall_s: float) -> dict:
         "hosts": result.hosts,
         "faults": dict(Counter(f.kind for f in result.faults)),
         "skipped (no host free)": result.skipped,
+        "not drawn": result.not_drawn,
         "steps committed": committed,
         "steps attempted": committed + len(aborted),
         "committed fraction": committed / (committed + len(aborted)),
@@ -166,6 +167,7 @@ def report(summary: dict) -> str:
         f"{summary['hosts']} hosts, faults {summary['faults']} ({summary['skipped (no host free)']} skipped: no host "
         f"free), steps committed {summary['steps committed']} of {summary['steps attempted']} attempted "
         f"({summary['committed fraction']:.1%}), CPU used {summary['cpu used']:.0%} of the machine",
+        *(f"not drawn: {kind}: {why}" for kind, why in summary["not drawn"].items()),
         f"{'kind':8s} {'faults':>6s} {'p50':>6s} {'p95':>6s} {'p99':>6s} {'max':>6s} {'back':>6s}",
     ]
     for kind, k in summary["by kind"].items():

@@ -4,6 +4,14 @@ One shuffled order per epoch is shared by all ranks. A step takes the next ``wor
 it, rank r the r-th ``batch_size`` of those; the position advances only when the step is committed
 (:meth:`gradsync.elastic.State.step`). After a failure the uncommitted step's samples are handed out again, split
 among the new members, so none is lost or used twice.
+
+Every rank's batch holds one sample at least (an empty batch has no loss to average: ``mean()`` of nothing is NaN,
+and the all-reduce would spread it). A step that would leave the epoch fewer samples than ranks takes them too (its
+batches are one sample larger), and the members admit a joiner only at a boundary where what is left of the epoch is
+nothing or a sample for each rank of the largest world the job may reach (:meth:`ElasticLoader.can_grow_to`). Only a
+round formed after a failure at the epoch's last step, with joiners in it, can still find fewer samples than ranks:
+a rank left without one repeats one of the step's samples (torch's DistributedSampler pads the same way) and
+consumes nothing.
 """
 
 from __future__ import annotations
@@ -70,6 +78,8 @@ class ElasticLoader:
         order = self.order()
         remaining = len(order) - position
         step = min(world_size * self.batch_size, remaining)
+        if remaining - step < world_size:  # too few left for a step of their own: this step takes them too
+            step = remaining
         base, extra = divmod(step, world_size)  # the last step of an epoch: as even as possible
         start = position + rank * base + min(rank, extra)
         size = base + (1 if rank < extra else 0)
@@ -86,8 +96,32 @@ class ElasticLoader:
                 return
             indices, step = self.share(cursor, world, rank)
             self.last_indices, self._step_size = indices, step
-            yield self.collate_fn([self.dataset[i] for i in indices])  # type: ignore[index]
+            batch = indices or self._padding(cursor, rank)
+            yield self.collate_fn([self.dataset[i] for i in batch])  # type: ignore[index]
             cursor += step
+
+    def _padding(self, position: int, rank: int) -> list[int]:
+        """A batch for a rank whose share is empty: fewer samples are left than ranks, as when a failure's round
+        took in joiners at the epoch's last step. It repeats one of the step's samples, as torch's
+        DistributedSampler pads (``drop_last=False``); ``last_indices`` stays empty, for it consumed nothing."""
+        left = self.order()[position:]
+        return [left[rank % len(left)]]
+
+    def remaining(self) -> int:
+        """Samples of this epoch not yet in a committed step."""
+        return len(self.dataset) - self.position
+
+    def can_grow_to(self, world_size: int | None) -> bool:
+        """Whether a world of up to ``world_size`` ranks (None: not known) can start at this boundary with a
+        sample for every rank's next batch: nothing is left of the epoch, or a sample for each rank at least.
+
+        >>> loader = ElasticLoader(range(10), batch_size=2)
+        >>> loader.position = 7
+        >>> loader.can_grow_to(3), loader.can_grow_to(4), loader.can_grow_to(None)
+        (True, False, True)
+        """
+        left = self.remaining()
+        return world_size is None or left == 0 or left >= world_size
 
     def commit(self) -> None:
         """The step in progress is done everywhere: its samples are consumed."""
@@ -100,7 +134,8 @@ class ElasticLoader:
 
     def __len__(self) -> int:
         world = dist.get_world_size() if dist.is_initialized() else 1
-        return -(-(len(self.dataset) - self.position) // (world * self.batch_size))
+        full, tail = divmod(self.remaining(), world * self.batch_size)
+        return full + (1 if tail >= world or (tail and not full) else 0)  # a tail of fewer: in the last full step
 
     def state_dict(self) -> dict[str, Any]:
         return {"epoch": self.epoch, "position": self.position, "seed": self.seed, "dataset_len": len(self.dataset)}

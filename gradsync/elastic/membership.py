@@ -23,7 +23,7 @@ import torch.distributed as dist
 from gradsync.elastic import job_store, keys
 from gradsync.elastic.admission import Admission
 from gradsync.elastic.errors import JobFinished
-from gradsync.elastic.job_status import STORE_VARIABLE, WORKER_VARIABLE, job_done, job_running
+from gradsync.elastic.job_status import MAX_WORLD_VARIABLE, STORE_VARIABLE, WORKER_VARIABLE, job_done, job_running
 from gradsync.elastic.liveness import Liveness
 from gradsync.elastic.round_group import RoundGroup
 from gradsync.elastic.rounds import Round, Rounds
@@ -107,6 +107,13 @@ class Membership:
 
     def job_done(self) -> bool:
         return job_done(self.store)
+
+    @staticmethod
+    def max_world_size() -> int | None:
+        """The most workers the job may have at once (``--nnodes``' maximum x ``--nproc-per-node``, from the
+        launcher); None where it did not say."""
+        value = os.environ.get(MAX_WORLD_VARIABLE, "")
+        return int(value) if value.isdigit() else None
 
     # ------------------------------------------------------------------------------------------- joining
     def job_running(self) -> bool:

@@ -125,7 +125,9 @@ class State:
         self.optimizer.step()
         self.steps += 1
         self.loader.commit()
-        if self.job.step_boundary(self.steps):  # a worker waits to join: form the next round here
+        # A worker waits to join: form the next round here, unless the epoch's last step would then leave a rank
+        # without a sample; every member has the same position, so all put it off to the same boundary.
+        if self.job.step_boundary(self.steps) and self.loader.can_grow_to(self.job.max_world_size()):
             raise MembershipChanged("admitting a worker that asked to join")
 
     def count_recovery(self, failure: BaseException) -> None:

@@ -32,6 +32,7 @@ from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std, sta
 
 from gradsync.elastic import job_store
 from gradsync.elastic.job_status import (
+    MAX_WORLD_VARIABLE,
     STORE_VARIABLE,
     WORKER_VARIABLE,
     everyone_finished,
@@ -100,6 +101,7 @@ def run_elastic(args: Any, cmd: str, cmd_args: list[str]) -> int:
     base = {k: v for k, v in os.environ.items() if not k.startswith(("RANK", "WORLD_SIZE", "MASTER_", "LOCAL_"))}
     base.update({STORE_VARIABLE: where, "WORLD_SIZE": str(_min_nodes(args.nnodes) * nproc)})
     base["LOCAL_WORLD_SIZE"] = str(nproc)
+    base[MAX_WORLD_VARIABLE] = str(run_flags.max_nodes(args.nnodes) * nproc)  # admission keeps every batch non-empty
     node = f"{args.local_addr or socket.gethostname()}:{os.getpid()}"
     workers = [Worker(r, node) for r in range(nproc)]
     # A short timeout: this launcher must keep restarting its workers while the store's host is unreachable.
