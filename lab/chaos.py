@@ -2,7 +2,8 @@
 namespaces, 1 rank each) under faults drawn from a seeded schedule for a wall-clock budget, several in flight at
 once; then the job's own records checked as a user would check them. ``python -m bench.elastic.chaos`` reports it.
 
-Faults (h0 is never a victim: its launcher serves the job's store, and a TCPStore lost ends the job by design):
+Faults (on a TCPStore h0 is never a victim: its launcher serves the job's store, and a TCPStore lost ends the job by
+design; with ``etcd=True`` the job's store is an etcd cluster of a member on each of h0-h2, and every host is one):
 
 - ``sigkill``: a worker SIGKILLed (its launcher restarts it, and it rejoins);
 - ``pair``: two workers on two hosts SIGKILLed ``PAIR_GAP_S`` apart (the second inside the first's regroup);
@@ -12,9 +13,12 @@ Faults (h0 is never a victim: its launcher serves the job's store, and a TCPStor
 - ``split``: two hosts cut off together from the rest past the heartbeat timeout, reaching each other but not the
   store (a split brain: the minority must commit nothing of its own), then healed;
 - ``loss``: ``LOSS`` of a host's packets dropped for a while (netem: where the kernel lacks it, not drawn, and the
-  run's record says why).
+  run's record says why);
+- ``etcd``: an etcd member SIGKILLed and started again ``HOST_DOWN_S`` later, with its data (``etcd=True`` only).
 
-etcd member faults are not drawn yet: see docs/elastic.md.
+With etcd, one member at most is out at a time (killed, its host lost or cut off), so the cluster keeps its quorum:
+a fault that would take a second one out is skipped, as one with no host free is.
+
 """
 
 from __future__ import annotations
@@ -31,10 +35,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from lab import netlab
+from lab import etcd_cluster, netlab
 from lab.elastic import SAMPLES, events_of, finals, inject, kill_all, launch, launch_on, pid_of
 
-KINDS = ("sigkill", "pair", "host", "sigstop", "link", "split", "loss")
+KINDS = ("sigkill", "pair", "host", "sigstop", "link", "split", "loss", "etcd")
+MEMBERS = 3  # with etcd: a member on each of h0..h2
+OUT_OF_REACH = ("host", "link", "split", "etcd")  # kinds that take a host's etcd member out for a while
 RATE = "1gbit"  # every host's link
 LOSS = "5%"
 PAIR_GAP_S = 0.3
@@ -91,20 +97,25 @@ def run(
     mean_s: float = 10.0,
     seed: int = 0,
     kinds: Sequence[str] = KINDS,
+    etcd: bool = False,
 ) -> ChaosRun:
-    """Start the job, inject the schedule's faults while the budget lasts, let the job finish; returns the record."""
+    """Start the job, inject the schedule's faults while the budget lasts, let the job finish; returns the record.
+    ``etcd``: the job's store on an etcd cluster (a member on each of h0-h2) instead of h0's TCPStore."""
     out = tmp / f"chaos-{seed}"
     out.mkdir()
     result = ChaosRun(out, hosts, epochs_for(budget_s, hosts))
     if "loss" in kinds and netlab.available(delay=True) is not None:
         result.not_drawn["loss"] = f"netem is needed to drop packets: {netlab.available(delay=True)}"
         kinds = [k for k in kinds if k != "loss"]
+    if "etcd" in kinds and not etcd:
+        result.not_drawn["etcd"] = "the job's store is h0's TCPStore (etcd=True, --store etcd, draws it)"
+        kinds = [k for k in kinds if k != "etcd"]
     variables = {"STEP_SLEEP": str(STEP_SLEEP_S), "ELASTIC_TIMEOUT": str(TIMEOUT_S), "EPOCHS": str(result.epochs)}
-    with netlab.lab(hosts=hosts, rate=RATE, prefix="gschaos") as lab:
-        procs = launch(lab, out, variables, max_restarts=10_000)
+    with netlab.lab(hosts=hosts, rate=RATE, prefix="gschaos") as lab, _cluster(out, lab, etcd) as cluster:
+        procs = launch(lab, out, variables, store=cluster.url if cluster else None, max_restarts=10_000)
         try:
             _wait_for_steps(out, 10)
-            injector = _Injector(lab, procs, out, variables)
+            injector = _Injector(lab, procs, out, variables, cluster)
             start = time.monotonic()
             for offset, kind in schedule(seed, budget_s, mean_s, kinds):
                 time.sleep(max(0.0, start + offset - time.monotonic()))
@@ -122,23 +133,40 @@ def run(
     return result
 
 
+def _cluster(out: Path, lab: list, etcd: bool) -> contextlib.AbstractContextManager[etcd_cluster.Cluster | None]:
+    return etcd_cluster.cluster(out / "etcd", hosts=lab[:MEMBERS]) if etcd else contextlib.nullcontext()
+
+
 class _Injector:
     """Injects one fault of a kind on hosts that are free (no fault of theirs still in progress, a worker that
     committed a step since it started); slow faults (a stop, a link down, a host's reboot) run in threads."""
 
-    def __init__(self, lab: list, procs: list[subprocess.Popen], out: Path, variables: dict[str, str]) -> None:
-        self.lab, self.procs, self.out, self.variables = lab, procs, out, variables
+    def __init__(
+        self,
+        lab: list,
+        procs: list[subprocess.Popen],
+        out: Path,
+        variables: dict[str, str],
+        cluster: etcd_cluster.Cluster | None = None,
+    ) -> None:
+        self.lab, self.procs, self.out, self.variables, self.cluster = lab, procs, out, variables, cluster
         self.busy: set[int] = set()  # host indices with a fault in progress
+        self.members_out: set[int] = set()  # etcd members killed, or on a host lost or cut off
         self.hit: dict[int, float] = {}  # host index: when its last fault was injected
         self.lock = threading.Lock()
         self.threads: list[threading.Thread] = []
 
     def inject(self, kind: str, rng: random.Random) -> Fault | None:
-        free = [k for k in range(1, len(self.lab)) if k not in self.busy and self._training(k)]
+        if kind == "etcd":
+            return self._kill_member(rng)
+        first = 1 if self.cluster is None else 0  # h0's TCPStore: never a victim
+        free = [k for k in range(first, len(self.lab)) if k not in self.busy and self._training(k)]
         count = 2 if kind in ("pair", "split") else 1
         if len(free) < count:
             return None
         chosen = rng.sample(free, count)
+        if not self._quorum_kept(kind, chosen):
+            return None
         pids = [pid_of(self.out, f"h{k}") for k in chosen]
         fault = Fault(kind, time.time(), [f"h{k}" for k in chosen], pids)
         self.hit.update({k: fault.t for k in chosen})
@@ -150,6 +178,33 @@ class _Injector:
                     os.kill(pid, signal.SIGKILL)
         else:
             self._in_thread(kind, chosen, pids[0])
+        return fault
+
+    def _quorum_kept(self, kind: str, chosen: list[int]) -> bool:
+        """Whether the etcd cluster keeps its quorum through this fault: at most one member out at a time."""
+        if self.cluster is None or kind not in OUT_OF_REACH:
+            return True
+        return sum(k < MEMBERS for k in chosen) + len(self.members_out) <= 1
+
+    def _kill_member(self, rng: random.Random) -> Fault | None:
+        assert self.cluster is not None
+        if self.members_out:
+            return None
+        k = rng.randrange(MEMBERS)
+        fault = Fault("etcd", time.time(), [f"h{k}"], [])
+        cluster = self.cluster
+        self.members_out.add(k)
+        cluster.kill(k)
+
+        def back() -> None:
+            try:
+                time.sleep(HOST_DOWN_S)
+                cluster.restart(k)
+                cluster.wait_healthy([k])
+            finally:
+                self.members_out.discard(k)
+
+        self._thread(back, f"chaos-etcd-m{k}")
         return fault
 
     def _training(self, k: int) -> bool:
@@ -164,6 +219,8 @@ class _Injector:
 
     def _in_thread(self, kind: str, chosen: list[int], pid: int) -> None:
         self.busy.update(chosen)
+        members = {k for k in chosen if k < MEMBERS} if self.cluster is not None and kind in OUT_OF_REACH else set()
+        self.members_out.update(members)
 
         def work() -> None:
             try:
@@ -179,8 +236,12 @@ class _Injector:
                     inject(kind, self.lab[chosen[0]], pid, SILENT_S)
             finally:
                 self.busy.difference_update(chosen)
+                self.members_out.difference_update(members)
 
-        thread = threading.Thread(target=work, name=f"chaos-{kind}-{'-'.join(f'h{k}' for k in chosen)}")
+        self._thread(work, f"chaos-{kind}-{'-'.join(f'h{k}' for k in chosen)}")
+
+    def _thread(self, work, name: str) -> None:
+        thread = threading.Thread(target=work, name=name)
         thread.start()
         self.threads.append(thread)
 
@@ -190,9 +251,17 @@ class _Injector:
         for victim in (launcher.pid, pid):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(victim, signal.SIGKILL)
+        if self.cluster is not None and k < MEMBERS:
+            self.cluster.kill(k)  # the host's etcd member is lost with it
         launcher.communicate()
         time.sleep(HOST_DOWN_S)
-        fresh = launch_on(self.lab[k], self.lab[0], self.out, self.variables, None, len(self.lab), 10_000)
+        store = None
+        if self.cluster is not None:
+            if k < MEMBERS:
+                self.cluster.restart(k)
+                self.cluster.wait_healthy([k])
+            store = self.cluster.url
+        fresh = launch_on(self.lab[k], self.lab[0], self.out, self.variables, store, len(self.lab), 10_000)
         with self.lock:
             self.procs[k] = fresh
 

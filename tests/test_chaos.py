@@ -11,7 +11,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from bench.elastic.chaos import pauses, percentile, summarize  # noqa: E402
-from lab import chaos  # noqa: E402
+from bench.elastic.scale import check_models  # noqa: E402
+from lab import chaos, etcd_cluster  # noqa: E402
 
 
 def test_the_schedule_is_the_seeds_alone() -> None:
@@ -39,3 +40,23 @@ def test_a_few_seeded_random_faults_lose_nothing(tmp_path: Path) -> None:
     summary = summarize(result, cpu_s=0.0, wall_s=1.0)  # exactly once, identical final parameters, all finished
     assert summary["steps committed"] > 0 and 0.5 < summary["committed fraction"] <= 1.0, summary
     assert all(p["pause s"] < chaos.TIMEOUT_S for p in summary["pauses"]), summary["pauses"]
+
+
+@pytest.mark.netlab()
+@pytest.mark.skipif(etcd_cluster.available() is not None, reason=str(etcd_cluster.available()))
+@pytest.mark.lab
+@pytest.mark.timeout(300)
+def test_on_etcd_members_and_the_first_host_may_fail_too(tmp_path: Path) -> None:
+    """The job's store on etcd (a member on each of h0-h2): etcd members killed and restarted, and any host lost,
+    h0 (which started the job) among them; one member out at a time, so the cluster keeps its quorum."""
+    result = chaos.run(tmp_path, hosts=4, budget_s=30, mean_s=4, seed=5, kinds=("etcd", "host", "sigkill"), etcd=True)
+    assert {f.kind for f in result.faults} >= {"etcd", "host"}, result.faults
+    summary = summarize(result, cpu_s=0.0, wall_s=1.0)
+    assert 0.5 < summary["committed fraction"] <= 1.0, summary
+
+
+def test_the_scaling_model_is_chosen_by_its_error_on_the_largest_size() -> None:
+    linear = check_models({4: 0.5, 8: 0.6, 16: 0.8})
+    assert linear["chosen"] == "a + b N" and linear["at 256 ranks s"] == pytest.approx(0.4 + 0.025 * 256)
+    logarithmic = check_models({4: 1.0, 8: 1.5, 16: 2.0})
+    assert logarithmic["chosen"] == "a + b log2 N" and logarithmic["at 256 ranks s"] == pytest.approx(4.0)

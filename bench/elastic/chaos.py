@@ -3,12 +3,14 @@ faults, several in flight at once, for a wall-clock budget (lab/chaos.py), check
 and reported:
 
     python -m bench.elastic.chaos --hosts 8 --budget 120 --mean 10 --seed 0
+    python -m bench.elastic.chaos --hosts 8 --budget 120 --mean 10 --seed 0 --store etcd   # etcd members killed too
 
 Checked: every sample of every epoch used by exactly one committed step; the final parameters identical on every
 host; the job finished. Reported: faults injected by kind, steps committed over steps attempted (torchft's measure:
 a step a fault aborted is attempted, not committed), the pause after each fault (the longest wait between two of the
 job's committed steps before the next fault, at most ``WINDOW_S``) as p50/p95/p99/max by kind, the time until a
-victim's host trains again, and the CPU the run used. Writes ``bench/results/chaos-<seed>.json`` and ``.png``.
+victim's host trains again, and the CPU the run used. Writes ``bench/results/chaos-<seed>[-etcd].json`` and
+``.png``.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 
-from lab import chaos, netlab
+from lab import chaos, etcd_cluster, netlab
 from lab.elastic import check_exactly_once, events_of, finals
 from lab.results import write_json
 
@@ -145,19 +147,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--mean", type=float, default=10.0, help="mean seconds between faults")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--kinds", nargs="+", default=list(chaos.KINDS), choices=chaos.KINDS)
+    parser.add_argument(
+        "--store", choices=("tcp", "etcd"), default="tcp", help="the job's store: h0's TCPStore, or etcd on h0-h2"
+    )
     parser.add_argument("--results", type=Path, default=Path("bench/results"))
     args = parser.parse_args(argv)
-    if netlab.available() is not None:
-        print(f"skipped: {netlab.available()}")
+    missing = netlab.available() or (etcd_cluster.available() if args.store == "etcd" else None)
+    if missing is not None:
+        print(f"skipped: {missing}")
         return 1
-    began, cpu_before = time.monotonic(), _children_cpu()
+    began, cpu_before = time.monotonic(), children_cpu()
     result = chaos.run(
-        Path(tempfile.mkdtemp(prefix="gschaos")), args.hosts, args.budget, args.mean, args.seed, args.kinds
+        Path(tempfile.mkdtemp(prefix="gschaos")),
+        args.hosts,
+        args.budget,
+        args.mean,
+        args.seed,
+        args.kinds,
+        etcd=args.store == "etcd",
     )
-    summary = summarize(result, _children_cpu() - cpu_before, time.monotonic() - began)
+    summary = summarize(result, children_cpu() - cpu_before, time.monotonic() - began)
     args.results.mkdir(parents=True, exist_ok=True)
-    write_json(args.results / f"chaos-{args.seed}.json", summary)
-    plot(summary, args.results / f"chaos-{args.seed}.png")
+    name = f"chaos-{args.seed}" + ("-etcd" if args.store == "etcd" else "")
+    write_json(args.results / f"{name}.json", summary | {"store": args.store})
+    plot(summary, args.results / f"{name}.png")
     print(report(summary))
     return 0
 
@@ -178,7 +191,7 @@ def report(summary: dict) -> str:
     return "\n".join(lines)
 
 
-def _children_cpu() -> float:
+def children_cpu() -> float:
     times = os.times()
     return times.children_user + times.children_system + times.user + times.system
 
