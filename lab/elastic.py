@@ -294,7 +294,8 @@ def inject(fault: str, host, pid: int, seconds: float = 8.0) -> None:
     elif fault == "sigstop":
         os.kill(pid, signal.SIGSTOP)
         time.sleep(seconds)
-        os.kill(pid, signal.SIGCONT)
+        with contextlib.suppress(ProcessLookupError):  # its launcher killed it (gradsync/launch/stopped.py)
+            os.kill(pid, signal.SIGCONT)
     elif fault == "link":
         subprocess.run(["ip", "-n", host.namespace, "link", "set", host.interface, "down"], check=True)
         time.sleep(seconds)

@@ -19,8 +19,10 @@ Where the job's coordination state lives:
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
+import signal
 import socket
 import sys
 import time
@@ -41,6 +43,7 @@ from gradsync.elastic.job_status import (
 )
 from gradsync.elastic.state import REJOIN_VARIABLE
 from gradsync.errors import ConfigError
+from gradsync.launch.stopped import STOPPED_VARIABLE, StopWatch
 from gradsync.polling import wait_until
 from gradsync.runtime import endpoints, run_flags, store_server
 
@@ -108,6 +111,7 @@ def run_elastic(args: Any, cmd: str, cmd_args: list[str]) -> int:
     client = store or job_store.open_store(where, timeout=5.0)
     job = Job(client, where, hosting=store is not None)
     job.refuse_a_finished_name(args)
+    watch = StopWatch()
     for w in workers:
         _start(w, cmd, tuple(cmd_args), base, args.log_dir)
     while not all(w.done for w in workers):
@@ -117,6 +121,7 @@ def run_elastic(args: Any, cmd: str, cmd_args: list[str]) -> int:
             return _stop_without_store(workers, job)
         for w in workers:
             if not w.done:
+                _kill_if_stopped(w, watch)
                 _poll(w, cmd, tuple(cmd_args), base, args, job)
     if job.lost:  # found when the last worker here exited
         return _stop_without_store(workers, job)
@@ -212,6 +217,21 @@ class Job:
             if not self._hosting:
                 self.health.failed(exc, since=began)
         self.look(again=True)
+
+
+def _kill_if_stopped(worker: Worker, watch: StopWatch) -> None:
+    """gradsync/launch/stopped.py: a worker stopped past the grace is killed; _poll then restarts it."""
+    for pid in worker.context.pids().values():
+        if watch.overdue(pid, time.monotonic()):
+            print(
+                f"gradsync run --elastic: local worker {worker.local_rank} (pid {pid}) has been stopped by a signal "
+                f"for {watch.grace_s:g} s ({STOPPED_VARIABLE}): killing it, so that the others need not wait out "
+                "their timeout; it restarts and rejoins",
+                file=sys.stderr,
+                flush=True,
+            )
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
 
 
 def _poll(worker: Worker, cmd: str, cmd_args: tuple, env: dict[str, str], args: Any, job: Job) -> None:
