@@ -85,7 +85,8 @@ def schedule(seed: int, budget_s: float, mean_s: float, kinds: Sequence[str]) ->
 
 
 def epochs_for(budget_s: float, hosts: int) -> int:
-    """Epochs that keep the job training for about the budget at full size (one step is ~STEP_SLEEP_S + 0.02 s)."""
+    """Epochs that keep the job training for the budget at full size with no fault (a step ~STEP_SLEEP_S + 0.02 s),
+    so that it outlasts the faults; under faults it runs longer (8 hosts, a fault every 2.5 s: 0.167 s a step)."""
     steps_per_epoch = SAMPLES // (4 * hosts)
     return max(3, int(budget_s / (STEP_SLEEP_S + 0.02) / steps_per_epoch))
 
@@ -98,12 +99,14 @@ def run(
     seed: int = 0,
     kinds: Sequence[str] = KINDS,
     etcd: bool = False,
+    epochs: int | None = None,
 ) -> ChaosRun:
     """Start the job, inject the schedule's faults while the budget lasts, let the job finish; returns the record.
-    ``etcd``: the job's store on an etcd cluster (a member on each of h0-h2) instead of h0's TCPStore."""
+    ``etcd``: the job's store on an etcd cluster (a member on each of h0-h2) instead of h0's TCPStore; ``epochs``:
+    the job's length (default :func:`epochs_for` the budget; a long soak under frequent faults wants fewer)."""
     out = tmp / f"chaos-{seed}"
     out.mkdir()
-    result = ChaosRun(out, hosts, epochs_for(budget_s, hosts))
+    result = ChaosRun(out, hosts, epochs or epochs_for(budget_s, hosts))
     if "loss" in kinds and netlab.available(delay=True) is not None:
         result.not_drawn["loss"] = f"netem is needed to drop packets: {netlab.available(delay=True)}"
         kinds = [k for k in kinds if k != "loss"]
@@ -127,7 +130,7 @@ def run(
                 else:
                     result.faults.append(fault)
             injector.settle()
-            result.logs = _finish(injector.procs, timeout=budget_s + 300)
+            result.logs = _finish(injector.procs, timeout=budget_s + 900)  # the epochs left after the faults
         finally:
             kill_all(procs, out)
     return result

@@ -62,6 +62,9 @@ def pauses(times: list[float], faults: list[chaos.Fault]) -> list[float]:
         inside = [t for t in times if fault.t <= t <= stop]
         before = [t for t in times if t < fault.t][-1:]
         after = [t for t in times if t > stop][:1]
+        if not inside and not after:  # injected after the job's last step (as it finished): it paused nothing
+            found.append(0.0)
+            continue
         points = before + inside + after
         # A wait running past the next fault is counted up to it: the rest is the next fault's.
         gaps = (min(b, end) - max(a, fault.t) for a, b in zip(points, points[1:]))
@@ -148,6 +151,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--kinds", nargs="+", default=list(chaos.KINDS), choices=chaos.KINDS)
     parser.add_argument(
+        "--epochs", type=int, default=None, help="the job's length (default: the budget's at full speed)"
+    )
+    parser.add_argument(
         "--store", choices=("tcp", "etcd"), default="tcp", help="the job's store: h0's TCPStore, or etcd on h0-h2"
     )
     parser.add_argument("--results", type=Path, default=Path("bench/results"))
@@ -165,6 +171,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.seed,
         args.kinds,
         etcd=args.store == "etcd",
+        epochs=args.epochs,
     )
     summary = summarize(result, children_cpu() - cpu_before, time.monotonic() - began)
     args.results.mkdir(parents=True, exist_ok=True)
