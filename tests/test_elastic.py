@@ -594,3 +594,89 @@ def test_the_docs_etcd_block_runs_as_written(tmp_path: Path) -> None:
         # The block leaves etcd running in the background, as on a host; the lab stops it with the namespace.
         script = lambda host: block + "\nstatus=$?; kill %1; exit $status\n"  # noqa: E731
         _run_on_every_host(lab, tmp_path, out, script, lambda host: {"NAME": f"h{host.index}", "IP": host.address})
+
+
+class _EveryoneAlive:
+    """Rounds' view of liveness, for a store-level test: nobody's heartbeat stopped."""
+
+    interval = 0.25
+
+    def alive(self, member: int) -> bool:
+        return True
+
+    def still_for(self, member: int) -> float:
+        return 0.0
+
+    def why_dead(self, member: int) -> str:
+        return ""
+
+
+def _rounds(store, me: int):
+    from gradsync.elastic.rounds import Rounds
+    from gradsync.elastic.timeouts import Timeouts
+
+    return Rounds(store, me, _EveryoneAlive(), Timeouts(heartbeat=1.0, collective=0.2, admission=2.0))  # type: ignore[arg-type]
+
+
+def _formed(store, number: int, members: list[int], steps: int) -> None:
+    import json
+
+    from gradsync.elastic import keys
+
+    store.set(keys.leader(number), str(members[0]))
+    store.set(keys.members(number), json.dumps(members))
+    store.set(keys.committed(number), str(steps))
+    store.set(keys.CURRENT_ROUND, str(number))
+
+
+def test_a_member_cut_off_while_rounds_formed_without_it_rejoins_and_leads_none() -> None:
+    """The chaos soak's fork (8 hosts, a fault every 2 s): a member back from a partition must not decide a round
+    from its stale view of the members (it listed itself first, with its older state, and a second group trained
+    from it beside the first). It reads the latest round, which leaves it out, and joins again."""
+    import torch.distributed as dist
+
+    from gradsync.elastic import keys
+    from gradsync.elastic.rounds import Round
+
+    store = dist.HashStore()
+    for number, members in ((3, [1, 2, 3]), (4, [2, 3]), (5, [2, 3, 4])):
+        _formed(store, number, members, steps=100 * number)
+    assert _rounds(store, me=1).agree(Round(3, [1, 2, 3], me=1), steps=300) == (5, [2, 3, 4])
+    assert not store.check([keys.leader(6)]) and not store.check([keys.registered(6, 1)])
+
+
+def test_no_round_starts_from_an_older_state_than_the_last_one_did() -> None:
+    """A leader whose registered steps are fewer than the current round started from (it never took that state)
+    abandons the round instead of listing it: every member would take rank 0's state, and go back in time."""
+    import torch.distributed as dist
+
+    from gradsync.elastic import keys
+    from gradsync.elastic.errors import MembershipChanged
+    from gradsync.elastic.rounds import Round
+
+    store = dist.HashStore()
+    _formed(store, 3, [1, 2], steps=100)
+    with pytest.raises(MembershipChanged, match="no member that committed step 100 or later registered"):
+        _rounds(store, me=1).agree(Round(3, [1, 2], me=1), steps=50)
+    assert not store.check([keys.committed(4)]) and int(store.get(keys.CURRENT_ROUND)) == 3
+
+
+def test_a_leader_judged_lost_by_a_watcher_still_lists_itself() -> None:
+    """Every current member judged lost while a round is decided (the soak's starved heartbeats): the leader, alive
+    since it decides, lists itself, so the round starts from a member's state and not a joiner's."""
+    import json
+
+    import torch.distributed as dist
+
+    from gradsync.elastic import keys
+    from gradsync.elastic.rounds import Round
+
+    store = dist.HashStore()
+    _formed(store, 3, [1, 2], steps=100)
+    store.add(keys.SEQUENCE, 3)  # workers 1, 2 and a joiner, 3
+    store.set(keys.lost(1), "stopped")
+    store.set(keys.lost(2), "stopped")
+    store.set(keys.joiner(3), "1")
+    store.set(keys.registered(4, 3), "0")
+    number, members = _rounds(store, me=1).agree(Round(3, [1, 2], me=1), steps=120)
+    assert (number, members) == (4, [1, 3]) and json.loads(store.get(keys.committed(4))) == 120

@@ -173,7 +173,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         etcd=args.store == "etcd",
         epochs=args.epochs,
     )
-    summary = summarize(result, children_cpu() - cpu_before, time.monotonic() - began)
+    (result.out / "launchers.log").write_text("\n\n".join(result.logs))  # every worker's lines, for a failure
+    try:
+        summary = summarize(result, children_cpu() - cpu_before, time.monotonic() - began)
+    except AssertionError as failed:
+        raise AssertionError(f"{failed} (the run's records and launchers.log: {result.out})") from None
     args.results.mkdir(parents=True, exist_ok=True)
     name = f"chaos-{args.seed}" + ("-etcd" if args.store == "etcd" else "")
     write_json(args.results / f"{name}.json", summary | {"store": args.store})

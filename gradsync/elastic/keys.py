@@ -18,6 +18,7 @@ key                                    meaning                                  
 ``round<k>/leader``                    who decides round k (compare_set)                     the first to register
 ``round<k>/members``                   round k's members, JSON, in rank order                round k's leader
 ``round<k>/requests``                  join requests counted when round k formed             round k's leader
+``round<k>/committed``                 the steps round k's rank 0 had committed as it formed  round k's leader
 ``round<k>/admit_at``                  the step at whose boundary round k admits joiners     round k's rank 0
 ``round<k>/arrived``                   counter: members at round k's formation gate          members
 ``round<k>/gate``                      "open", or why round k was called off (compare_set)   the last in, watchers
@@ -71,6 +72,10 @@ def leader(round_number: int) -> str:
 
 def members(round_number: int) -> str:
     return f"{PREFIX}round{round_number}/members"
+
+
+def committed(round_number: int) -> str:
+    return f"{PREFIX}round{round_number}/committed"
 
 
 def requests(round_number: int) -> str:

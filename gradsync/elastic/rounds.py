@@ -69,6 +69,7 @@ class Rounds:
             registered = lambda s: self._registered(1, s)  # noqa: E731
             wait_until(lambda: all(registered(s) or not self._liveness.alive(s) for s in numbers), seconds)
             self._store.set(keys.members(1), json.dumps([s for s in numbers if registered(s)]))
+            self._store.set(keys.committed(1), "0")
             self._store.set(keys.requests(1), "0")
             self._store.set(keys.CURRENT_ROUND, "1")
         return self._wait_for(keys.members(1), seconds + SETTLE_S + self._timeouts.heartbeat)
@@ -77,12 +78,19 @@ class Rounds:
         """The round after ``current``: this member registers with the ``steps`` it committed, decides the members
         if it is the first to claim the round, and reads them (which may leave it out)."""
         # A round whose leader died before naming the members is skipped: everyone tries the next number.
+        latest = self._current_round()
+        if latest > current.number:
+            # A round formed without this member (it was cut off, and the others went on): it must not lead one
+            # from its stale view (it would list its old round's members and put its own, older, state first).
+            # It reads the latest round, which leaves it out, and joins again (Membership.next_round).
+            self._tried = max(self._tried, latest)
+            return latest, self._read_members(latest) or []
         number = max(current.number, self._tried) + 1
         self._tried = number
         self._store.set(keys.registered(number, self._me), str(steps))
         leader = int(self._store.compare_set(keys.leader(number), "", str(self._me)).decode())
         if leader == self._me:
-            self._decide(number, current.members)
+            self._decide(number, current.members, floor=self._committed(current.number))
             return number, self._wait_for(keys.members(number), SETTLE_S)  # its list, or a member's abandonment
         self._awaited = (number, leader)
         try:
@@ -156,7 +164,7 @@ class Rounds:
         check = self._store.check
         return [s for s in range(1, count + 1) if check([keys.joiner(s)]) and not check([keys.joined(s)])]
 
-    def _decide(self, number: int, current: list[int]) -> None:
+    def _decide(self, number: int, current: list[int], floor: int) -> None:
         requests = int(self._store.add(keys.JOIN_REQUESTS, 0))  # before the joiners are listed: none is missed
         joiners = self.pending_joiners()
         # Members keep their order and joiners come last, so rank 0 (whose state everyone receives) is a member that
@@ -165,7 +173,9 @@ class Rounds:
         registered = lambda m: self._registered(number, m)  # noqa: E731
         # Known gone: its launcher saw it exit, or the member watching it saw its heartbeat stop.
         gone = {m for m in wanted if self._store.check([keys.exited(m)]) or self._store.check([keys.lost(m)])}
-        alive = lambda m: m not in gone and self._liveness.alive(m)  # noqa: E731
+        # The leader is alive, whatever a watcher wrote: a round listed without it could hold no member with the
+        # job's state (every other one lost too), and would start from a joiner's.
+        alive = lambda m: m == self._me or (m not in gone and self._liveness.alive(m))  # noqa: E731
         # A live member may be inside a collective that fails only at the group's timeout: wait for it that long.
         # Not for one whose heartbeat stood still for SUSPECT_BEATS beats while the others registered: a round is
         # being decided because something failed, and a live member's heartbeat thread beats even inside a
@@ -182,23 +192,36 @@ class Rounds:
         members = [m for m in wanted if (everyone or registered(m)) and alive(m)]
         for vanished in set(joiners) - set(members):  # asked to join, then vanished: stop waiting for it
             self._store.set(keys.joined(vanished), "expired")
-        listed = json.dumps(self._most_committed_first(number, members, current))
+        ordered, most = self._most_committed_first(number, members, current)
+        if most < floor:  # every member holding the job's state is missing: never go back to an older one
+            why = f"no member that committed step {floor} or later registered (the best had {most})"
+            self._store.compare_set(keys.members(number), "", json.dumps({ABANDONED: why}))
+            return
+        listed = json.dumps(ordered)
         if self._store.compare_set(keys.members(number), "", listed).decode() != listed:
             return  # a member saw this leader gone and abandoned the round meanwhile: agree() reads that
+        self._store.set(keys.committed(number), str(most))
         self._store.set(keys.requests(number), str(requests))
         self._store.set(keys.CURRENT_ROUND, str(number))
 
-    def _most_committed_first(self, number: int, members: list[int], current: list[int]) -> list[int]:
-        """``members`` with rank 0 a member that committed the most steps. A step commits on each member when its
-        all-reduce completes there; a member lost inside that all-reduce can leave some members with the step
-        committed and some without. Every member takes rank 0's state, so with this rank 0 a step committed
-        anywhere is committed everywhere (its gradients were every member's: the all-reduce completed somewhere)."""
+    def _most_committed_first(self, number: int, members: list[int], current: list[int]) -> tuple[list[int], int]:
+        """``members`` with rank 0 a member that committed the most steps, and those steps (-1: none of the current
+        round's members is in it). A step commits on each member when its all-reduce completes there; a member
+        lost inside that all-reduce can leave some members with the step committed and some without. Every member
+        takes rank 0's state, so with this rank 0 a step committed anywhere is committed everywhere (its gradients
+        were every member's: the all-reduce completed somewhere)."""
         steps = {m: int(self._store.get(keys.registered(number, m))) for m in members if m in current}
         if not steps:
-            return members
+            return members, -1
         most = max(steps.values())
         first = next(m for m in members if steps.get(m) == most)
-        return [first] + [m for m in members if m != first]
+        return [first] + [m for m in members if m != first], most
+
+    def _committed(self, number: int) -> int:
+        """The steps round ``number`` started from (every member of it took them): no later round may start from
+        fewer. 0 for a round formed before this key was kept."""
+        key = keys.committed(number)
+        return int(self._store.get(key)) if self._store.check([key]) else 0
 
     def _registered(self, number: int, member: int) -> bool:
         return self._store.check([keys.registered(number, member)])
