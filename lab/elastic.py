@@ -115,11 +115,41 @@ def check_exactly_once(out: Path, epochs: int = EPOCHS, killed: int = 0, hosts: 
     the missing ranks' shares from the loader's own partition. So does a survivor whose all-reduce failed in a step
     another member committed: the next round takes that member's state, so the step counts on every member (its
     gradients were everyone's), though this one never recorded it. At most ``hosts - 1`` per kill injected.
+    The converse, a step committed only by members that then left the job's history, is dropped
+    (:func:`discarded_steps`).
     """
-    events = events_of(out) + unrecorded_shares(events_of(out), killed, hosts)
+    recorded = discarded_steps(events_of(out), killed, {int(p.stem) for p in out.glob("*.final")})
+    events = recorded + unrecorded_shares(recorded, killed, hosts)
     for epoch in range(epochs):
         counts = Counter(i for e in events if e["epoch"] == epoch for i in e["indices"])
         assert sorted(counts) == list(range(SAMPLES)) and set(counts.values()) == {1}, f"epoch {epoch}"
+
+
+def discarded_steps(events: list[dict], victims: int, finished: set[int]) -> list[dict]:
+    """``events`` less the steps whose update no state of the job kept: a step whose all-reduce completed on some
+    members only (gloo's ring ends at different times on each), all of which then left the job's history before
+    their next step (killed, or cut off and later rejoining with the others' state), while the survivors failed
+    it and did it again (the same step number, in a new round). A step whose members went on to the next step is
+    never dropped: two of those are a fork (a worker's last step went on if the worker finished: ``finished``, the
+    pids that wrote their ``.final``). At most one rank's record per fault victim."""
+    following: dict[int, int] = {}  # id(event): the step its worker recorded next
+    for pid in {e["pid"] for e in events}:
+        mine = sorted((e for e in events if e["pid"] == pid), key=lambda e: e["t"])
+        following.update({id(a): b["step"] for a, b in zip(mine, mine[1:])})
+        if pid in finished:
+            following[id(mine[-1])] = mine[-1]["step"] + 1
+    by_step: dict[tuple, list[dict]] = {}
+    for e in events:
+        by_step.setdefault((e["epoch"], e["step"], e["position"], e["world"]), []).append(e)
+    redone = Counter((epoch, step) for epoch, step, _, _ in by_step)
+    dropped = [
+        key
+        for key, recorded in by_step.items()
+        if redone[key[:2]] > 1 and all(following.get(id(e)) != key[1] + 1 for e in recorded)
+    ]
+    count = sum(len(by_step[key]) for key in dropped)
+    assert count <= victims, f"{count} ranks' steps were discarded, {victims} fault victims"
+    return [e for key, recorded in by_step.items() if key not in dropped for e in recorded]
 
 
 def unrecorded_shares(events: list[dict], killed: int, hosts: int = HOSTS) -> list[dict]:

@@ -680,3 +680,25 @@ def test_a_leader_judged_lost_by_a_watcher_still_lists_itself() -> None:
     store.set(keys.registered(4, 3), "0")
     number, members = _rounds(store, me=1).agree(Round(3, [1, 2], me=1), steps=120)
     assert (number, members) == (4, [1, 3]) and json.loads(store.get(keys.committed(4))) == 120
+
+
+def test_a_step_only_members_that_then_left_committed_is_dropped_and_a_fork_is_not() -> None:
+    """The 8-host soak: step 649 completed on two members only (one killed, one cut off and later rejoining with
+    the others' state), and the survivors did it again in a smaller world; its update lived in no state that
+    lasted. Two histories that both went on are a fork, and stay in the record for the check to fail."""
+    from lab.elastic import discarded_steps
+
+    def step(pid: int, t: float, step: int, world: int) -> dict:
+        return {"pid": pid, "t": t, "epoch": 0, "step": step, "position": 4 * step, "world": world, "indices": []}
+
+    lost = [step(6, 1.0, 9, 3), step(7, 1.0, 9, 3), step(6, 9.0, 30, 2)]  # 6 rejoins at step 30; 7 died
+    survivors = [step(p, t, s, 2) for p in (1, 2) for t, s in ((2.0, 9), (2.1, 10))]
+
+    def kept(events: list[dict], victims: int) -> list[tuple]:
+        return sorted((e["pid"], e["t"]) for e in discarded_steps(events, victims, finished={1, 2, 6}))
+
+    assert kept(lost + survivors, 2) == sorted((e["pid"], e["t"]) for e in lost[2:] + survivors)
+    with pytest.raises(AssertionError, match="2 ranks' steps were discarded, 1 fault victims"):
+        discarded_steps(lost + survivors, victims=1, finished={1, 2, 6})
+    fork = [step(6, 1.0, 9, 3), step(6, 1.1, 10, 3)]  # went on beside the survivors
+    assert kept(fork + survivors, 5) == sorted((e["pid"], e["t"]) for e in fork + survivors)

@@ -16,6 +16,8 @@ victim's host trains again, and the CPU the run used. Writes ``bench/results/cha
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 import math
 import os
 import statistics
@@ -174,6 +176,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         epochs=args.epochs,
     )
     (result.out / "launchers.log").write_text("\n\n".join(result.logs))  # every worker's lines, for a failure
+    (result.out / "faults.json").write_text(json.dumps([dataclasses.asdict(f) for f in result.faults]))
     try:
         summary = summarize(result, children_cpu() - cpu_before, time.monotonic() - began)
     except AssertionError as failed:
