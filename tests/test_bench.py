@@ -95,6 +95,7 @@ def test_gradsync_bench_points_to_the_source_checkout(capsys: pytest.CaptureFixt
 # their own provenance: the parent that keeps the result records its command.
 INTERMEDIATE = {
     "bench/scale/probe.py": "the link probe's timings, in a temporary file the scaling lab reads",
+    "bench/elastic/chaos.py": "the faults it injected, beside the run's records for a failure's diagnosis",
     "bench/elastic/overhead_worker.py": "per-rank step times; it runs on another checkout with --source",
     "bench/store_load/record_worker.py": "a real rank's store operations, which the store benchmark compares",
     "conformance/torch_suite/run_one.py": "one test's outcome, merged into torch_suite.json",
