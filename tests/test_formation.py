@@ -84,3 +84,56 @@ def test_the_heartbeat_threads_report_calls_a_forming_round_off() -> None:
     assert failure["why"] == "gradsync: round 2's group was called off: worker 1 exited (its launcher saw it)"
     assert failure["seconds"] < 2.0
     assert not dist.is_initialized()  # no group was formed
+
+
+@pytest.mark.timeout(30)
+def test_a_peer_gloo_cannot_reach_as_the_group_forms_is_a_membership_change_not_a_crash(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The 8-host chaos soak's lost job: a member's link went down after the gate opened, and every other member's
+    ``init_process_group`` raised gloo's plain RuntimeError, out of the recovery: each exited, and the job's state
+    with them. It is the next round's business, as a store timeout there is; any other error still propagates."""
+    store = dist.HashStore()
+    group = RoundGroup(store, Timeouts(heartbeat=5.0, collective=5.0, admission=60.0), alarm_store=store)
+    round_ = Round(7, [3, 5], 3)
+    store.add("gradsync/elastic/round7/arrived", 1)  # the other member is at the gate: it opens for this one
+    unreachable = (
+        "Gloo connectFullMesh failed with [.../gloo/transport/tcp/pair.h:311] Connect timeout [10.77.0.6]:33449"
+    )
+
+    def fails(*args: object, **kwargs: object) -> None:
+        raise RuntimeError(unreachable)
+
+    monkeypatch.setattr(dist, "init_process_group", fails)
+    with pytest.raises(MembershipChanged, match="forming round 7's group failed: Gloo connectFullMesh failed"):
+        group.form(round_)
+
+    def misconfigured(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("Invalid backend: 'glo'")
+
+    monkeypatch.setattr(dist, "init_process_group", misconfigured)
+    store.add("gradsync/elastic/round8/arrived", 1)
+    with pytest.raises(RuntimeError, match="Invalid backend"):
+        group.form(Round(8, [3, 5], 3))
+
+
+@pytest.mark.timeout(60)
+def test_a_traceback_after_many_rounds_bears_one_rank_prefix_the_current_one(capsys: pytest.CaptureFixture) -> None:
+    """torch's init_process_group wraps sys.excepthook to prefix "[rank<r>]: " around the hook before it: a worker
+    of the soak printed tracebacks with 40 prefixes, the first from its first round. One prefix, this round's."""
+    import sys
+
+    store, before = dist.HashStore(), sys.excepthook
+    group = RoundGroup(store, Timeouts(heartbeat=5.0, collective=5.0, admission=60.0), alarm_store=store)
+    try:
+        for number in (1, 2, 3):
+            group.form(Round(number, [4], 4))
+        try:
+            raise ValueError("the user's bug")
+        except ValueError:
+            sys.excepthook(*sys.exc_info())
+        lines = [line for line in capsys.readouterr().err.splitlines() if "ValueError:" in line]
+        assert lines == ["[rank0]: ValueError: the user's bug"], lines
+    finally:
+        group.leave()
+        sys.excepthook = before

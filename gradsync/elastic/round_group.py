@@ -6,6 +6,7 @@ posts."""
 from __future__ import annotations
 
 import datetime
+import sys
 
 import torch.distributed as dist
 
@@ -15,6 +16,15 @@ from gradsync.elastic import formation, keys
 from gradsync.elastic.errors import MembershipChanged
 from gradsync.elastic.rounds import Round
 from gradsync.elastic.timeouts import Timeouts
+
+
+def _peer_lost(exc: RuntimeError) -> bool:
+    """Whether forming a group failed because a member is gone: the store's wait for its keys timed out (a
+    ``DistError``), or gloo could not connect to the address it had posted (a plain ``RuntimeError`` from
+    ``ProcessGroupGloo``'s constructor: "Gloo connectFullMesh failed with ... Connect timeout"). The 8-host chaos
+    soak lost the job's state to the second: every member of a round whose peer's link went down after the gate
+    opened raised it out of the recovery, and exited."""
+    return isinstance(exc, dist.DistError) or "connectFullMesh" in str(exc)
 
 
 class RoundGroup:
@@ -28,6 +38,7 @@ class RoundGroup:
         self._timeouts = timeouts
         self._group_store: tuple[Round, dist.Store] | None = None  # the current round's group store, as torch has it
         self._forming: Round | None = None  # the round whose group is being formed, read by the heartbeat thread
+        self._excepthook = sys.excepthook  # as the process had it, before any round's group wrapped it
 
     def leave(self) -> None:
         """Close the current round's group, at once, before the next round is agreed.
@@ -57,6 +68,10 @@ class RoundGroup:
 
     def _init_group(self, round_: Round) -> None:
         prefix = dist.PrefixStore(keys.group_prefix(round_.number), self._store)
+        # init_process_group wraps sys.excepthook in one that prefixes "[rank<r>]: " to each line, around whatever
+        # hook was there: after 40 rounds a worker's traceback bore 40 prefixes, of ranks it no longer had. Each
+        # round wraps the hook the process started with, once.
+        sys.excepthook = self._excepthook
         try:
             dist.init_process_group(
                 "gloo",
@@ -65,7 +80,10 @@ class RoundGroup:
                 world_size=round_.world_size,
                 timeout=datetime.timedelta(seconds=self._timeouts.collective),  # a stopped member is found within
             )
-        except dist.DistError as exc:  # a member died while the group formed: the next round goes without it
+        except RuntimeError as exc:
+            if not _peer_lost(exc):
+                raise
+            # A member died while the group formed: the next round goes without it.
             # The default group's store keys carry a per-process counter of groups made, which
             # destroy_process_group resets to 0 "to allow consistent value ... after some trainers recover from
             # failure" (torch/distributed/distributed_c10d.py). A failed init bumps it with no group to destroy:
