@@ -49,6 +49,7 @@ STEP_SLEEP_S = 0.05
 TIMEOUT_S = 5.0  # the job's heartbeat (and collective) timeout
 SILENT_S = TIMEOUT_S + 2.0  # how long a stopped worker, a downed link or a partition stays so
 SILENT_KINDS = ("sigstop", "link", "split")
+STALLED_S = 90.0  # no committed step for this long while faults are injected: the run fails
 
 
 @dataclass
@@ -124,6 +125,7 @@ def run(
                 time.sleep(max(0.0, start + offset - time.monotonic()))
                 if _job_done(out):
                     break
+                _check_not_stalled(out)
                 fault = injector.inject(kind, random.Random(f"{seed}-{offset}"))
                 if fault is None:
                     result.skipped += 1
@@ -271,6 +273,17 @@ class _Injector:
     def settle(self) -> None:
         for thread in self.threads:
             thread.join()
+
+
+def _check_not_stalled(out: Path) -> None:
+    """Fail now, not at the run's end, when the job committed no step for ``STALLED_S`` (every regroup a fault
+    causes takes seconds): a soak once waited 40 minutes on a job that had lost every member holding its state."""
+    last = max((p.stat().st_mtime for p in out.glob("*.events")), default=time.time())
+    if time.time() - last > STALLED_S:
+        raise AssertionError(
+            f"the job committed no step for {time.time() - last:.0f}s (its records: {out}; each worker's output is "
+            "in the gradsync-run-* folder of the temporary directory, named in its launcher's lines)"
+        )
 
 
 def _job_done(out: Path) -> bool:
