@@ -13,11 +13,13 @@ import pytest
 import torch.distributed as dist
 
 from gradsync.elastic import keys
-from gradsync.elastic.errors import MembershipChanged
+from gradsync.elastic.errors import JobStateLost, MembershipChanged
+from gradsync.elastic.job_status import find_state_lost, state_lost
 from gradsync.elastic.liveness import mark_exited
 from gradsync.elastic.membership import Membership
 from gradsync.elastic.rounds import SETTLE_S
 from gradsync.elastic.timeouts import Timeouts
+from gradsync.launch.elastic import Job
 from gradsync.polling import wait_until
 
 TIMEOUTS = Timeouts(heartbeat=3.0, collective=3.0, admission=20)
@@ -125,3 +127,38 @@ def test_a_joiner_a_round_formed_without_asks_again(store: dist.Store, workers: 
     store.set(keys.requests(3), "2")
     waiting.join(30)
     assert joined[0].number == 3 and joined[0].rank == 1
+
+
+@pytest.mark.timeout(60)
+def test_a_joiner_and_the_launchers_stop_when_every_member_holding_the_state_exited(
+    store: dist.Store, workers: list
+) -> None:
+    """The 8-host soak's end before its fix: both members of the last round killed, eight joiners waited out
+    their 600 s admission, were restarted, and waited again, for a state no process held. Now the job stops,
+    saying why, within a second or two, and no launcher restarts a worker into it."""
+    _first_round(store, workers, 2)
+    for worker in workers:
+        worker.stop()
+        mark_exited(store, worker.me)
+    joiner = Membership(store, store, TIMEOUTS)
+    workers.append(joiner)
+    joiner.request_to_join()
+    start = time.monotonic()
+    with pytest.raises(JobStateLost, match=r"cannot join: every member of round 1 \(workers 1, 2\) exited"):
+        joiner.next_round()
+    assert time.monotonic() - start < 3.0, "not at once: the admission timeout is 20 s"
+    job = Job(store, "test", hosting=True)
+    job.look()
+    assert job.state_lost is not None and "Restart the job from its last checkpoint" in job.state_lost
+
+
+@pytest.mark.timeout(60)
+def test_a_member_left_with_an_old_state_does_not_stop_the_job_while_one_holding_it_lives(
+    store: dist.Store, workers: list
+) -> None:
+    """Only an exit is final: a member declared lost (cut off) may come back with the state, so its loss alone
+    stops nothing."""
+    _first_round(store, workers, 2)
+    store.set(keys.lost(workers[1].me), "stopped (no heartbeat for 3s)")
+    mark_exited(store, workers[0].me)
+    assert find_state_lost(store) is None and state_lost(store) is None

@@ -40,7 +40,7 @@ import logging
 import os
 
 from gradsync import torch_private
-from gradsync.elastic.errors import JobFinished, MembershipChanged
+from gradsync.elastic.errors import JobFinished, JobStateLost, MembershipChanged
 from gradsync.elastic.loader import ElasticLoader
 from gradsync.elastic.membership import Membership
 from gradsync.elastic.state import MAX_FUTILE_RECOVERIES, REJOIN_VARIABLE, Recovery, State, run
@@ -50,6 +50,7 @@ from gradsync.errors import GradsyncError
 __all__ = [
     "ElasticLoader",
     "JobFinished",
+    "JobStateLost",
     "Membership",
     "MembershipChanged",
     "Recovery",

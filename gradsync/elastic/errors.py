@@ -30,3 +30,18 @@ class JobFinished(GradsyncError):
         except gradsync.elastic.JobFinished:
             raise SystemExit(0)
     """
+
+
+class JobStateLost(GradsyncError):
+    """Every member of the job's latest round exited, and the training state went with them: no worker can be
+    admitted (there is nothing to receive) and none can go on without going back to an older state, which would
+    use samples twice. Every worker and launcher of the job stops with this message; restart the job from its
+    last checkpoint.
+
+    Example::
+
+        try:
+            raise JobStateLost("every member of round 157 (workers 145, 147) exited")
+        except gradsync.GradsyncError as error:     # not recoverable: elastic.run lets it through
+            print(error)
+    """

@@ -33,6 +33,29 @@ def job_done(store: dist.Store) -> bool:
     return store.check([keys.DONE])
 
 
+def state_lost(store: dist.Store) -> str | None:
+    """Why no worker holds the job's state any more (written by :func:`find_state_lost`), or None."""
+    return store.get(keys.STATE_LOST).decode() if store.check([keys.STATE_LOST]) else None
+
+
+def find_state_lost(store: dist.Store) -> str | None:
+    """Whether every member of the latest round exited (their launchers saw it: an exit is final, where a member
+    declared lost may come back): then the job's state went with them, and this says why, once, for the job's
+    every worker and launcher to stop on (:func:`state_lost`). None while one of them may still hold it."""
+    if not store.check([keys.CURRENT_ROUND]):
+        return None
+    number = int(store.get(keys.CURRENT_ROUND))
+    members = json.loads(store.get(keys.members(number)))
+    if not isinstance(members, list) or not members or not store.check([keys.exited(m) for m in members]):
+        return None
+    why = (
+        f"every member of round {number} (workers {', '.join(map(str, members))}) exited, and the job's training "
+        "state went with them: no worker holds it, so none can be admitted and none can go on without reusing "
+        "samples. Restart the job from its last checkpoint"
+    )
+    return store.compare_set(keys.STATE_LOST, "", why).decode()
+
+
 def everyone_finished(store: dist.Store) -> bool:
     """Whether every member of the latest round reported its training finished (the store's host may close)."""
     if not store.check([keys.CURRENT_ROUND]):

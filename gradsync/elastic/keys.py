@@ -24,6 +24,7 @@ key                                    meaning                                  
 ``round<k>/gate``                      "open", or why round k was called off (compare_set)   the last in, watchers
 ``round<k>/group/...``                 round k's process group (torch's own keys)            torch
 ``done``, ``finished``                 the members finished; how many did                    members
+``state_lost``                         why no worker holds the job's state any more           a joiner or a leader
 =====================================  ====================================================  =====================
 """
 
@@ -36,6 +37,7 @@ CURRENT_ROUND = PREFIX + "current_round"
 JOIN_REQUESTS = PREFIX + "join_requests"
 DONE = PREFIX + "done"
 FINISHED = PREFIX + "finished"
+STATE_LOST = PREFIX + "state_lost"
 
 
 def worker(name: str) -> str:

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 import torch.distributed as dist
 
 from gradsync.elastic import keys
-from gradsync.elastic.errors import JobFinished, MembershipChanged
-from gradsync.elastic.job_status import job_running
+from gradsync.elastic.errors import JobFinished, JobStateLost, MembershipChanged
+from gradsync.elastic.job_status import find_state_lost, job_running
 from gradsync.elastic.liveness import SUSPECT_BEATS, Liveness
 from gradsync.elastic.timeouts import Timeouts
 from gradsync.errors import GradsyncError
@@ -30,6 +30,7 @@ from gradsync.polling import wait_until
 
 SETTLE_S = 1.0
 ABANDONED = "abandoned"  # the key of a member list's JSON object when the round's leader died deciding it
+STATE_LOOK_S = 1.0  # a joiner looks this often whether the job's state is still held by a member
 
 
 @dataclass(frozen=True)
@@ -145,10 +146,15 @@ class Rounds:
         it was not listed (its leader died, and the members gave up on it). Polled: a joiner waits on three
         questions (and on a job that finishes meanwhile: :class:`JobFinished`)."""
         found: list[list[int] | None] = []
+        looked = [time.monotonic()]
 
         def answered() -> bool:
             if self._store.check([keys.DONE]):
                 raise JobFinished("the job finished before this worker could join")
+            if time.monotonic() - looked[0] > STATE_LOOK_S:  # else a job that lost its state waits forever
+                looked[0] = time.monotonic()
+                if (why := find_state_lost(self._store)) is not None:
+                    raise JobStateLost(f"worker {self._me} cannot join: {why}")
             if self._store.check([keys.members(number)]):
                 found.append(self._read_members(number))
             elif self._store.check([keys.leader(number + 1)]):
@@ -196,6 +202,8 @@ class Rounds:
         if most < floor:  # every member holding the job's state is missing: never go back to an older one
             why = f"no member that committed step {floor} or later registered (the best had {most})"
             self._store.compare_set(keys.members(number), "", json.dumps({ABANDONED: why}))
+            if (lost := find_state_lost(self._store)) is not None:  # and none of them will come back
+                raise JobStateLost(f"worker {self._me} (at step {most}) cannot go on: {lost}")
             return
         listed = json.dumps(ordered)
         if self._store.compare_set(keys.members(number), "", listed).decode() != listed:

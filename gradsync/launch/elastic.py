@@ -40,6 +40,7 @@ from gradsync.elastic.job_status import (
     everyone_finished,
     job_done,
     report_exit,
+    state_lost,
 )
 from gradsync.elastic.state import REJOIN_VARIABLE
 from gradsync.errors import ConfigError
@@ -131,6 +132,8 @@ def run_elastic(args: Any, cmd: str, cmd_args: list[str]) -> int:
     job.look(again=True)
     # Once the members finished, a worker that failed meanwhile (cut off, then too late to rejoin) costs nothing.
     failed = [] if job.done else [w for w in workers if w.exit_codes and w.exit_codes[-1] != 0]
+    if job.state_lost:
+        print(f"gradsync run --elastic: the job cannot go on: {job.state_lost}", file=sys.stderr)
     for w in failed:
         print(
             f"gradsync run --elastic: local worker {w.local_rank} failed for good after {w.restarts} restart(s) "
@@ -182,6 +185,7 @@ class Job:
         self.store = store
         self.where = where
         self.done = False
+        self.state_lost: str | None = None  # why no worker holds the job's state: restart none
         self.health = job_store.StoreHealth()
         self._hosting = hosting  # this launcher serves the store: it cannot lose it
         self._looked = 0.0
@@ -199,11 +203,12 @@ class Job:
             )
 
     def look(self, again: bool = False) -> None:
-        if self.done or self.lost or (time.monotonic() - self._looked < 1.0 and not again):
+        if self.done or self.lost or self.state_lost or (time.monotonic() - self._looked < 1.0 and not again):
             return
         self._looked = began = time.monotonic()
         try:
             self.done = job_done(self.store)
+            self.state_lost = state_lost(self.store)
             self.health.ok()
         except Exception as exc:  # the store's host is gone, or out of reach for now (a link down)
             if not self._hosting:
@@ -243,7 +248,7 @@ def _poll(worker: Worker, cmd: str, cmd_args: tuple, env: dict[str, str], args: 
     if code != 0:
         job.report_exit(worker)
     worker.context.close()
-    if code == 0 or job.done or job.lost or worker.restarts >= args.max_restarts:
+    if code == 0 or job.done or job.lost or job.state_lost or worker.restarts >= args.max_restarts:
         worker.done = True
         return
     worker.restarts += 1
