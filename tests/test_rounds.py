@@ -162,3 +162,22 @@ def test_a_member_left_with_an_old_state_does_not_stop_the_job_while_one_holding
     store.set(keys.lost(workers[1].me), "stopped (no heartbeat for 3s)")
     mark_exited(store, workers[0].me)
     assert find_state_lost(store) is None and state_lost(store) is None
+
+
+@pytest.mark.timeout(60)
+def test_a_round_that_goes_without_a_joiner_writes_why_for_the_joiner_to_say(store: dist.Store, workers: list) -> None:
+    """The 8-host soak's last 8 minutes: one rejoiner left out of round after round, silently. A round that goes
+    without a joiner now says why in its joined key, which the joiner logs before it asks again."""
+    _first_round(store, workers, 2)
+    joiner = Membership(store, store, TIMEOUTS)
+    workers.append(joiner)
+    joiner.request_to_join()  # asks, but does not register for round 2 (as if it were still starting)
+    rounds: dict[int, list[int]] = {}
+    threads = [threading.Thread(target=lambda w=w: rounds.update({w.me: w.next_round(5).members})) for w in workers[:2]]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert rounds == {1: [1, 2], 2: [1, 2]}
+    said = store.get(keys.joined(joiner.me)).decode()
+    assert said.startswith("expired: it had not registered for round 2 when worker"), said

@@ -92,9 +92,9 @@ def summarize(result: chaos.ChaosRun, cpu_s: float, wall_s: float) -> dict:
     checksums = {round(f["checksum"], 9) for f in ended}
     assert len(checksums) == 1, f"the final parameters differ across hosts: {sorted(checksums)}"
     assert len(ended) >= result.hosts, f"{len(ended)} workers finished, of {result.hosts} hosts"
-    # h0's worker is never a victim: its recoveries are every regroup of the job; those not made to admit a
-    # joiner each aborted the step in flight.
-    aborted = [r for r in max(ended, key=lambda f: f["steps"])["recoveries"] if "admitting" not in r["reason"]]
+    # Each regroup not made to admit a joiner aborted the step in flight: the steps at which any finished worker
+    # recorded one (its members record the same step; a worker that joined late saw only the later ones).
+    aborted = {r["step"] for f in ended for r in f["recoveries"] if "admitting" not in r["reason"]}
     committed = max(f["steps"] for f in ended)
     paused = pauses(step_times(out), result.faults)
     events, host_of = events_of(out), {int(p.stem): p.read_text() for p in out.glob("*.pid")}  # read once

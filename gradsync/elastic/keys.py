@@ -12,7 +12,7 @@ key                                    meaning                                  
 ``exited/<member>``                    its launcher saw its process exit                     launchers
 ``lost/<member>``                      its heartbeat stopped (why)                           the member watching it
 ``joiners/<member>``, ``join_requests``  a worker asks to be admitted; how many asked so far  joiners
-``joined/<member>``                    admitted ("expired": it vanished before)              members / leaders
+``joined/<member>``                    admitted ("expired: why" if left out)             members / leaders
 ``current_round``                      the number of the last round formed                   round leaders
 ``round<k>/registered/<member>``       the member's committed steps, registering for k       members
 ``round<k>/leader``                    who decides round k (compare_set)                     the first to register

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import logging
 import time
 from dataclasses import dataclass
 
@@ -28,8 +29,11 @@ from gradsync.elastic.timeouts import Timeouts
 from gradsync.errors import GradsyncError
 from gradsync.polling import wait_until
 
+log = logging.getLogger("gradsync")
+
 SETTLE_S = 1.0
 ABANDONED = "abandoned"  # the key of a member list's JSON object when the round's leader died deciding it
+EXPIRED = "expired"  # joined/<member>'s value (with why) when a round went without that joiner
 STATE_LOOK_S = 1.0  # a joiner looks this often whether the job's state is still held by a member
 
 
@@ -129,10 +133,16 @@ class Rounds:
                 continue
             if self._me in members:
                 return number, members
+            self._say_why_left_out(number)
             self._store.delete_key(keys.joined(self._me))  # marked expired by that round: still joining
             self._store.add(keys.JOIN_REQUESTS, 1)  # for the next round's rank 0 to announce an admission
             number = max(number, self._current_round()) + 1
         raise self._not_admitted()
+
+    def _say_why_left_out(self, number: int) -> None:
+        if self._store.check([keys.joined(self._me)]):
+            said = self._store.get(keys.joined(self._me)).decode().removeprefix(f"{EXPIRED}: ")
+            log.warning("gradsync elastic: worker %d is not in round %d: %s; asking again", self._me, number, said)
 
     def _not_admitted(self) -> GradsyncError:
         return GradsyncError(
@@ -197,7 +207,8 @@ class Rounds:
         everyone = self._all_registered(number, wanted)
         members = [m for m in wanted if (everyone or registered(m)) and alive(m)]
         for vanished in set(joiners) - set(members):  # asked to join, then vanished: stop waiting for it
-            self._store.set(keys.joined(vanished), "expired")
+            why = self._left_out_because(number, vanished, gone)
+            self._store.set(keys.joined(vanished), f"{EXPIRED}: {why}")
         ordered, most = self._most_committed_first(number, members, current)
         if most < floor:  # every member holding the job's state is missing: never go back to an older one
             why = f"no member that committed step {floor} or later registered (the best had {most})"
@@ -211,6 +222,16 @@ class Rounds:
         self._store.set(keys.committed(number), str(most))
         self._store.set(keys.requests(number), str(requests))
         self._store.set(keys.CURRENT_ROUND, str(number))
+
+    def _left_out_because(self, number: int, member: int, gone: set[int]) -> str:
+        """Why round ``number`` goes without the joiner ``member``, for it to say (a joiner left out round after
+        round is otherwise a silent livelock)."""
+        if member in gone:
+            return "its exit was reported, or its watcher declared it lost"
+        if not self._registered(number, member):
+            return f"it had not registered for round {number} when worker {self._me} decided it"
+        still = self._liveness.still_for(member)
+        return f"its heartbeat stood still for {still:.1f}s as worker {self._me}, deciding round {number}, saw it"
 
     def _most_committed_first(self, number: int, members: list[int], current: list[int]) -> tuple[list[int], int]:
         """``members`` with rank 0 a member that committed the most steps, and those steps (-1: none of the current
