@@ -18,7 +18,7 @@ from gradsync.elastic import keys
 from gradsync.elastic.etcd_client import EtcdUnavailable
 from gradsync.elastic.etcd_store import EtcdStore, parse_endpoints
 from gradsync.elastic.job_store import StoreHealth, gone_now
-from gradsync.elastic.liveness import LEASED, Liveness, mark_exited
+from gradsync.elastic.liveness import mark_exited
 from gradsync.elastic.membership import Membership
 from gradsync.elastic.timeouts import Timeouts
 from gradsync.errors import ConfigError
@@ -136,64 +136,6 @@ def test_the_membership_protocol_runs_on_it(etcd: etcd_cluster.Cluster) -> None:
     finally:
         a.stop()
         b.stop()
-
-
-def _revision(store: EtcdStore) -> int:
-    return int(store.client.call("/v3/kv/range", {"key": store._key("none")})["header"]["revision"])
-
-
-@pytest.mark.timeout(60)
-def test_keep_set_renews_a_lease_without_a_write_and_sets_the_key_again_after_it_expired(
-    etcd: etcd_cluster.Cluster,
-) -> None:
-    store = _store(etcd, "keep_set")
-    store.keep_set("beat", "x", ttl=2.0)
-    written = _revision(store)
-    for _ in range(8):  # beats 0.25 s apart, for longer than the lease's TTL: renewed, not rewritten
-        time.sleep(0.25)
-        store.keep_set("beat", "x", ttl=2.0)
-    assert _revision(store) == written and store.check(["beat"])
-    silent = time.monotonic()
-    while store.check(["beat"]):  # no beat: etcd deletes the key when the lease expires (checked each 0.5 s)
-        time.sleep(0.1)
-        assert time.monotonic() - silent < 4.0, "the key outlived its lease"
-    assert time.monotonic() - silent > 1.5
-    store.keep_set("beat", "x", ttl=2.0)  # back: a new lease, the key set again
-    assert store.get("beat") == b"x"
-
-
-@pytest.mark.timeout(60)
-def test_a_member_that_stops_beating_on_etcd_is_dead_when_its_lease_expires(etcd: etcd_cluster.Cluster) -> None:
-    """On etcd a heartbeat is a lease kept alive: the job's revision does not move while members beat, the
-    watched member's key reads LEASED, and once it stops, its watcher calls it gone within the lease's TTL and
-    etcd's expiry check, not twice the timeout (the lease's TTL, then a counter judged still for as long)."""
-    told: list[tuple[int, str, float]] = []
-    timeout = 2.0
-    watcher = Liveness(
-        _store(etcd, "lease_beat"),
-        me=1,
-        timeout=timeout,
-        on_gone=lambda m, why: told.append((m, why, time.monotonic())),
-    )
-    watched = Liveness(_store(etcd, "lease_beat"), me=2, timeout=timeout)
-    try:
-        watcher.watch_only([1, 2])
-        time.sleep(0.5)
-        store = _store(etcd, "lease_beat")
-        before = _revision(store)
-        time.sleep(1.5)  # 6 beats each
-        assert _revision(store) == before, "a beat wrote to etcd instead of renewing its lease"
-        assert int(store.get(keys.beat(2))) == LEASED and watcher.alive(2)
-        watched.stop()
-        stopped = time.monotonic()
-        while not told:
-            time.sleep(0.05)
-            assert time.monotonic() - stopped < timeout + 3.0, "the silent member was not called gone"
-        member, why, at = told[0]
-        assert member == 2 and "no heartbeat" in why and at - stopped < timeout + 1.5, (why, at - stopped)
-    finally:
-        watcher.stop()
-        watched.stop()
 
 
 @pytest.mark.timeout(120)

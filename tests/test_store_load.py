@@ -16,7 +16,7 @@ import pytest
 import torch.distributed as dist
 
 from bench.store_load.pattern import beats, steady_pattern, template
-from bench.store_load.recording import Op, recording
+from bench.store_load.recording import Op, RecordingStore
 from gradsync.elastic import keys
 from gradsync.elastic.admission import Admission
 from gradsync.elastic.liveness import BEATS_PER_S, HEARTBEAT_S, Liveness, beat_interval, mark_exited
@@ -70,7 +70,7 @@ def test_a_watcher_reads_one_key_a_beat_and_learns_an_exit_from_it() -> None:
     """The watched member's counter is all a watcher reads: a launcher's exit report writes -1 into it."""
     store = dist.HashStore()
     ops: list[Op] = []
-    liveness = Liveness(recording(store, ops), me=1, timeout=5.0)
+    liveness = Liveness(RecordingStore(store, ops), me=1, timeout=5.0)
     try:
         liveness.watch_only([1, 2])
         store.set(keys.beat(2), "7")
@@ -96,7 +96,7 @@ def test_a_member_waiting_for_its_round_costs_the_store_a_few_requests_however_l
     for _ in range(5):
         ops: list[Op] = []
         client, beat = (dist.TCPStore("127.0.0.1", server.port, is_master=False) for _ in range(2))
-        members.append(Membership(recording(client, ops), beat, timeouts))
+        members.append(Membership(RecordingStore(client, ops), beat, timeouts))
         recorded.append(ops)
     try:
         _in_threads([lambda m=m: m.first_round(5, 20) for m in members])

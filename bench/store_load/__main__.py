@@ -1,6 +1,6 @@
 """The job's store under many ranks, measured: ``python -m bench.store_load --ranks 256 1024 --store tcp etcd``.
 
-First a real 3-rank elastic job (``gradsync run --elastic``) is run on each store with every store operation recorded
+First a real 3-rank elastic job (``gradsync run --elastic``) is run with every store operation recorded
 (``record_worker.py``), one rank lost at step 40. Then, per store and world size, the simulated ranks
 (``sim.py``: the library's own ``Membership`` each, spread over ``--hosts`` processes) arrive, form round 1, beat
 for ``--seconds``, lose one member and regroup. Before any figure is reported, each simulated rank's heartbeat
@@ -14,7 +14,6 @@ the figure measured the machine more than the store)."""
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import multiprocessing
 import os
@@ -32,24 +31,18 @@ from bench.store_load import servers, sim
 from bench.store_load.pattern import steady_pattern
 from bench.store_load.recording import Op
 from gradsync.elastic.liveness import HEARTBEAT_S, beat_interval
-from lab import etcd_cluster, netlab, results
+from lab import netlab, results
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def record_real(out: Path, kind: str) -> dict[tuple[str, ...], int]:
-    """A real 3-rank job's heartbeat patterns on the ``kind`` of store (how many of its ranks beat each), and
-    their period. On etcd a beat renews a lease where a TCPStore's sets a counter, so each store has its own."""
+def record_real(out: Path) -> dict[tuple[str, ...], int]:
+    """A real 3-rank job's heartbeat patterns (how many of its ranks beat each), and their period."""
     out.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, PYTHONPATH=str(ROOT), LOSE_AT="40", STEPS="80")
     argv = [sys.executable, "-m", "gradsync", "run", "--elastic", "--nnodes", "1", "--nproc-per-node", "3"]
-    argv += ["--max-restarts", "0"]
-    with contextlib.ExitStack() as stack:
-        if kind == "etcd":
-            cluster = stack.enter_context(etcd_cluster.cluster(out / "etcd", members=3))
-            argv += ["--store", cluster.url, "--rdzv-id", "record"]
-        argv += [str(ROOT / "bench/store_load/record_worker.py"), str(out)]
-        subprocess.run(argv, env=env, capture_output=True, timeout=180, check=False)
+    argv += ["--max-restarts", "0", str(ROOT / "bench/store_load/record_worker.py"), str(out)]
+    subprocess.run(argv, env=env, capture_output=True, timeout=180, check=False)
     patterns: Counter = Counter()
     for path in sorted(out.glob("*.json")):
         recorded = json.loads(path.read_text())
@@ -178,8 +171,8 @@ def main() -> None:
     if not args.inside:
         raise SystemExit(in_a_namespace(sys.argv[1:]))
     work = Path(tempfile.mkdtemp(prefix="gsstoreload"))
-    real = {kind: record_real(work / f"record-{kind}", kind) for kind in args.store}
-    print(f"the real job's heartbeats: {real}", flush=True)
+    real = record_real(work / "record")
+    print(f"the real job's heartbeats: {dict(real)}", flush=True)
     rows = []
     for kind in args.store:
         for ranks in args.ranks:
@@ -188,13 +181,11 @@ def main() -> None:
             rows.append(
                 {"store": kind, "ranks": ranks, **measured}
                 if failed
-                else figures(kind, ranks, measured, summaries, real[kind])
+                else figures(kind, ranks, measured, summaries, real)
             )
             print(json.dumps(rows[-1]), flush=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    results.write_json(
-        args.out, {"real_heartbeats": {kind: [list(k) for k in real[kind]] for kind in real}, "rows": rows}
-    )
+    results.write_json(args.out, {"real_heartbeats": [list(k) for k in real], "rows": rows})
 
 
 if __name__ == "__main__":

@@ -29,7 +29,7 @@ def beats(ops: Sequence[Op], me: int) -> list[tuple[float, tuple[str, ...]]]:
     for op in ops:
         if op.thread != HEARTBEAT_THREAD:
             continue
-        if op.key == mine and op.name in ("add", "set", "keep_set"):
+        if op.key == mine and op.name in ("add", "set"):
             found.append((op.start, []))
         if found:
             found[-1][1].append(f"{op.name} {template(op.key, me)}")

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 import gradsync
-from bench.store_load.recording import recording
+from bench.store_load.recording import RecordingStore
 from gradsync import elastic
 from gradsync.elastic import job_store
 
@@ -22,7 +22,9 @@ steps, compute_s = int(os.environ.get("STEPS", "80")), float(os.environ.get("COM
 lose_at = int(os.environ.get("LOSE_AT", "0"))
 ops: list = []
 opened = job_store.open_stores
-job_store.open_stores = lambda where, count, timeout=60.0: [recording(s, ops) for s in opened(where, count, timeout)]
+job_store.open_stores = lambda where, count, timeout=60.0: [
+    RecordingStore(s, ops) for s in opened(where, count, timeout)
+]
 
 
 def save(me: int) -> None:

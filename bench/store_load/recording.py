@@ -11,8 +11,6 @@ from dataclasses import dataclass
 
 import torch.distributed as dist
 
-from gradsync.elastic.liveness import LeaseStore
-
 
 @dataclass(frozen=True)
 class Op:
@@ -69,16 +67,3 @@ class RecordingStore(dist.Store):
     def set_timeout(self, timeout: datetime.timedelta) -> None:
         super().set_timeout(timeout)
         self.inner.set_timeout(timeout)
-
-
-class RecordingLeaseStore(RecordingStore):
-    """A recording store over one that keeps keys on leases (etcd), so that the heartbeat renews its lease through
-    it as it would through the store itself."""
-
-    def keep_set(self, key: str, value: str, ttl: float) -> None:
-        self._timed("keep_set", key, lambda: self.inner.keep_set(key, value, ttl))
-
-
-def recording(inner: dist.Store, ops: list[Op]) -> RecordingStore:
-    """``inner``'s operations recorded into ``ops``, its leases (if it has them) included."""
-    return RecordingLeaseStore(inner, ops) if isinstance(inner, LeaseStore) else RecordingStore(inner, ops)

@@ -15,7 +15,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from bench.store_load.pattern import largest_gap, steady_pattern
-from bench.store_load.recording import Op, recording
+from bench.store_load.recording import Op, RecordingStore
 from gradsync.elastic import job_store
 from gradsync.elastic.etcd_client import EtcdClient
 from gradsync.elastic.liveness import mark_exited
@@ -76,7 +76,7 @@ def _ranks(where: str, count: int) -> list[tuple[Membership, list[Op]]]:
     made = []
     for _ in range(count):
         ops: list[Op] = []
-        store, beat = (recording(s, ops) for s in job_store.open_stores(where, 2))
+        store, beat = (RecordingStore(s, ops) for s in job_store.open_stores(where, 2))
         made.append((Membership(store, beat, TIMEOUTS, where), ops))
     return made
 
@@ -97,7 +97,7 @@ def _in_threads(calls: list) -> list:  # noqa: ANN001
 
 def _launchers(where: str, count: int, stop: threading.Event, ops: list[Op]) -> list[threading.Thread]:
     """Each launcher's client (a short timeout, as the launcher's), connected before its ranks, as it is."""
-    jobs = [Job(recording(job_store.open_store(where, timeout=5.0), ops), where, False) for _ in range(count)]
+    jobs = [Job(RecordingStore(job_store.open_store(where, timeout=5.0), ops), where, False) for _ in range(count)]
 
     def look(job: Job) -> None:
         while not stop.wait(0.2):  # gradsync run --elastic's loop

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import base64
 import datetime
-import math
 import socket
 import time
 from collections.abc import Sequence
@@ -76,7 +75,6 @@ class EtcdStore(dist.Store):
         super().__init__()
         self.client = client or EtcdClient(endpoints, unavailable_s=unavailable_s, access=access)
         self.prefix = prefix
-        self._leases: dict[str, str] = {}  # key -> the lease keep_set keeps it on
         self.set_timeout(timeout)
 
     def set_timeout(self, timeout: datetime.timedelta) -> None:
@@ -165,21 +163,6 @@ class EtcdStore(dist.Store):
 
     def delete_key(self, key: str) -> bool:
         return int(self.client.call("/v3/kv/deleterange", {"key": self._key(key)}).get("deleted", 0)) > 0
-
-    def keep_set(self, key: str, value: str, ttl: float) -> None:
-        """Sets ``key`` on a lease of ``ttl`` seconds (rounded up), and on each later call renews that lease
-        instead of writing again: etcd's leader answers a keep-alive without a raft write, half a put's CPU
-        (docs/scaling.md). Once the lease has expired (no call for ``ttl``: etcd deleted the key), sets it anew.
-        A heartbeat made of these calls is a key that exists while its writer lives (gradsync/elastic/liveness.py).
-        """
-        lease = self._leases.get(key)
-        if lease is not None:
-            renewed = self.client.call("/v3/lease/keepalive", {"ID": lease}).get("result", {})
-            if int(renewed.get("TTL", 0)) > 0:  # 0 or absent: etcd no longer knows the lease (it expired)
-                return
-        lease = self.client.call("/v3/lease/grant", {"TTL": math.ceil(ttl)})["ID"]
-        self.client.call("/v3/kv/put", {"key": self._key(key), "value": _b64(value), "lease": lease})
-        self._leases[key] = lease
 
     def num_keys(self) -> int:
         prefix = self.prefix.encode()

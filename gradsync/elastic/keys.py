@@ -8,8 +8,7 @@ key                                    meaning                                  
 =====================================  ====================================================  =====================
 ``sequence``                           counter: each worker's number, taken on arrival       every worker, once
 ``worker/<launcher's name>``           that worker's number, for its launcher's exit report  every worker, once
-``beat/<member>``                      heartbeat counter (on etcd -2, on a lease it renews);  its thread, launchers
-                                       -1: its launcher saw it exit
+``beat/<member>``                      heartbeat counter; -1: its launcher saw it exit       its thread, launchers
 ``exited/<member>``                    its launcher saw its process exit                     launchers
 ``lost/<member>``                      its heartbeat stopped (why)                           the member watching it
 ``joiners/<member>``, ``join_requests``  a worker asks to be admitted; how many asked so far  joiners

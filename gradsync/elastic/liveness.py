@@ -2,18 +2,13 @@
 
 A heartbeat is a counter each worker sets every ``HEARTBEAT_S`` from a thread with its own store connection (it
 never shares a client with the training thread). The worker is the counter's only writer, so a plain set does: on
-a TCPStore one request, where an ``add`` is a read and a write. A member whose counter the observer has *seen* stand
-still for ``timeout`` seconds of its own clock is dead (no clock is compared across hosts): the time between its
-last move and the observer's latest reading, so that a spell in which the observer could not read the store (its
-own link down), when the member's beats could not land either, counts against no one. A worker that exits is
-reported at once by its launcher (:func:`mark_exited`: ``exited/<member>``, and -1 in its counter, which is all its
-watcher reads), so a killed process costs no heartbeat timeout.
-
-On etcd a beat is a lease kept alive instead (``EtcdStore.keep_set``): the key holds ``LEASED`` on a lease of
-``timeout`` seconds, and each beat renews it, which etcd's leader answers without a raft write (half a put's CPU,
-measured in docs/scaling.md). The counter then stands still, and the key's existence is the beat: seen, the member
-is alive; seen and then gone, etcd expired its lease after ``timeout`` without a beat, and it is dead at once. etcd
-renews every lease when it elects a new leader, so an election counts against no one here either.
+etcd one put, where an ``add`` is a read and a transaction (two requests, measured in docs/scaling.md). A member
+whose counter the observer has *seen* stand still for ``timeout`` seconds of its own clock is dead (no clock is
+compared across hosts): the time between its last move and the observer's latest reading, so that a spell in which
+the observer could not read the store (an etcd election, its own link down), when the member's beats could not land
+either, counts against no one. A worker that exits is reported at once by its launcher (:func:`mark_exited`:
+``exited/<member>``, and -1 in its counter, which is all its watcher reads), so a killed process costs no heartbeat
+timeout.
 
 In a round each member watches one other, the next in rank order (a ring), so the store serves O(N) heartbeat
 reads, not O(N^2): the watcher says when its member is gone (``on_gone``), for everyone. A member is watched by more
@@ -26,7 +21,6 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
 
 import torch.distributed as dist
 
@@ -52,23 +46,6 @@ def beat_interval(members: int, timeout: float) -> float:
 
 
 _EXITED = -1  # the counter recorded for a member its launcher saw exit
-LEASED = -2  # the value of a member's beat key while it keeps the key's lease alive (on etcd)
-
-
-@runtime_checkable
-class LeaseStore(Protocol):
-    """A store that can keep a key set on a lease (gradsync/elastic/etcd_store.py's ``EtcdStore``)."""
-
-    def keep_set(self, key: str, value: str, ttl: float) -> None:
-        """Sets ``key`` on a lease of ``ttl`` seconds, or renews the lease it is on."""
-
-
-def beat(store: dist.Store, member: int, count: int, timeout: float) -> None:
-    """One heartbeat of ``member``: its lease renewed where the store keeps keys on leases, else its counter set."""
-    if isinstance(store, LeaseStore):
-        store.keep_set(keys.beat(member), str(LEASED), timeout)
-    else:
-        store.set(keys.beat(member), str(count))
 
 
 def mark_exited(store: dist.Store, member: int) -> None:
@@ -123,7 +100,7 @@ class Liveness:
             began = time.monotonic()
             try:
                 beats += 1
-                beat(store, self.me, beats, self.timeout)
+                store.set(keys.beat(self.me), str(beats))
                 for member in list(self._watched):
                     self._observe(member, int(store.add(keys.beat(member), 0)))  # 0 if it never beat yet
                     self._tell_if_gone(member)
@@ -144,12 +121,6 @@ class Liveness:
             self._seen[member] = _Seen(_EXITED, float("-inf"), 0.0)
             return
         last = self._seen.get(member)
-        if count == LEASED:  # its lease is alive: it beat within timeout, by etcd's leader's clock
-            self._seen[member] = _Seen(LEASED, now, now)
-            return
-        if last is not None and last.count == LEASED:  # its lease expired: silent for timeout, it is dead now
-            self._seen[member] = _Seen(count, float("-inf"), now)
-            return
         if last is None or last.count not in (count, _EXITED):
             self._seen[member] = _Seen(count, now, now)
         elif last.count != _EXITED:
