@@ -211,10 +211,7 @@ class Rounds:
             self._store.set(keys.joined(vanished), f"{EXPIRED}: {why}")
         ordered, most = self._most_committed_first(number, members, current)
         if most < floor:  # every member holding the job's state is missing: never go back to an older one
-            why = f"no member that committed step {floor} or later registered (the best had {most})"
-            self._store.compare_set(keys.members(number), "", json.dumps({ABANDONED: why}))
-            if (lost := find_state_lost(self._store)) is not None:  # and none of them will come back
-                raise JobStateLost(f"worker {self._me} (at step {most}) cannot go on: {lost}")
+            self._abandon_for_an_older_state(number, floor, most)
             return
         listed = json.dumps(ordered)
         if self._store.compare_set(keys.members(number), "", listed).decode() != listed:
@@ -222,6 +219,12 @@ class Rounds:
         self._store.set(keys.committed(number), str(most))
         self._store.set(keys.requests(number), str(requests))
         self._store.set(keys.CURRENT_ROUND, str(number))
+
+    def _abandon_for_an_older_state(self, number: int, floor: int, most: int) -> None:
+        why = f"no member that committed step {floor} or later registered (the best had {most})"
+        self._store.compare_set(keys.members(number), "", json.dumps({ABANDONED: why}))
+        if (lost := find_state_lost(self._store)) is not None:  # and none of them will come back
+            raise JobStateLost(f"worker {self._me} (at step {most}) cannot go on: {lost}")
 
     def _left_out_because(self, number: int, member: int, gone: set[int]) -> str:
         """Why round ``number`` goes without the joiner ``member``, for it to say (a joiner left out round after

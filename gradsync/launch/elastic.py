@@ -132,15 +132,19 @@ def run_elastic(args: Any, cmd: str, cmd_args: list[str]) -> int:
     job.look(again=True)
     # Once the members finished, a worker that failed meanwhile (cut off, then too late to rejoin) costs nothing.
     failed = [] if job.done else [w for w in workers if w.exit_codes and w.exit_codes[-1] != 0]
+    _say_why_failed(failed, job, args.log_dir)
+    return 1 if failed else 0
+
+
+def _say_why_failed(failed: list[Worker], job: Job, log_dir: str) -> None:
     if job.state_lost:
         print(f"gradsync run --elastic: the job cannot go on: {job.state_lost}", file=sys.stderr)
     for w in failed:
         print(
             f"gradsync run --elastic: local worker {w.local_rank} failed for good after {w.restarts} restart(s) "
-            f"(exit codes {w.exit_codes}); logs in {args.log_dir}",
+            f"(exit codes {w.exit_codes}); logs in {log_dir}",
             file=sys.stderr,
         )
-    return 1 if failed else 0
 
 
 def _stop_without_store(workers: list[Worker], job: Job) -> int:
