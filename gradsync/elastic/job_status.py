@@ -42,10 +42,10 @@ def find_state_lost(store: dist.Store) -> str | None:
     """Whether every member of the latest round exited (their launchers saw it: an exit is final, where a member
     declared lost may come back): then the job's state went with them, and this says why, once, for the job's
     every worker and launcher to stop on (:func:`state_lost`). None while one of them may still hold it."""
-    if not store.check([keys.CURRENT_ROUND]):
+    latest = _latest_round(store)
+    if latest is None:
         return None
-    number = int(store.get(keys.CURRENT_ROUND))
-    members = json.loads(store.get(keys.members(number)))
+    number, members = latest
     if not isinstance(members, list) or not members or not store.check([keys.exited(m) for m in members]):
         return None
     why = (
@@ -58,7 +58,13 @@ def find_state_lost(store: dist.Store) -> str | None:
 
 def everyone_finished(store: dist.Store) -> bool:
     """Whether every member of the latest round reported its training finished (the store's host may close)."""
+    latest = _latest_round(store)
+    return latest is not None and int(store.add(keys.FINISHED, 0)) >= len(latest[1])
+
+
+def _latest_round(store: dist.Store) -> tuple[int, list[int] | dict] | None:
+    """The latest round formed (``current_round``) and its member list, or None before the first."""
     if not store.check([keys.CURRENT_ROUND]):
-        return False
-    members = json.loads(store.get(keys.members(int(store.get(keys.CURRENT_ROUND)))))
-    return int(store.add(keys.FINISHED, 0)) >= len(members)
+        return None
+    number = int(store.get(keys.CURRENT_ROUND))
+    return number, json.loads(store.get(keys.members(number)))

@@ -12,7 +12,7 @@ key                                    meaning                                  
 ``exited/<member>``                    its launcher saw its process exit                     launchers
 ``lost/<member>``                      its heartbeat stopped (why)                           the member watching it
 ``joiners/<member>``, ``join_requests``  a worker asks to be admitted; how many asked so far  joiners
-``joined/<member>``                    admitted ("expired: why" if left out)             members / leaders
+``joined/<member>``                    admitted ("expired: why" if left out)                 members / leaders
 ``current_round``                      the number of the last round formed                   round leaders
 ``round<k>/registered/<member>``       the member's committed steps, registering for k       members
 ``round<k>/leader``                    who decides round k (compare_set)                     the first to register
@@ -24,7 +24,7 @@ key                                    meaning                                  
 ``round<k>/gate``                      "open", or why round k was called off (compare_set)   the last in, watchers
 ``round<k>/group/...``                 round k's process group (torch's own keys)            torch
 ``done``, ``finished``                 the members finished; how many did                    members
-``state_lost``                         why no worker holds the job's state any more           a joiner or a leader
+``state_lost``                         why no worker holds the job's state any more          a joiner or a leader
 =====================================  ====================================================  =====================
 """
 
