@@ -79,7 +79,7 @@ def test_the_heartbeat_threads_report_calls_a_forming_round_off() -> None:
     thread = threading.Thread(target=form)
     thread.start()
     time.sleep(0.3)
-    group.tell_members(1, "exited (its launcher saw it)")  # as Liveness's on_gone, from the heartbeat thread
+    group.tell_members(1, "exited (its launcher saw it)", 7)  # as Liveness's on_gone, from the heartbeat thread
     thread.join(15)
     assert failure["why"] == "gradsync: round 2's group was called off: worker 1 exited (its launcher saw it)"
     assert failure["seconds"] < 2.0

@@ -15,7 +15,7 @@ import torch.distributed as dist
 from gradsync.elastic import keys
 from gradsync.elastic.errors import JobStateLost, MembershipChanged
 from gradsync.elastic.job_status import find_state_lost, state_lost
-from gradsync.elastic.liveness import mark_exited
+from gradsync.elastic.liveness import beat_since, lost_mark, mark_exited
 from gradsync.elastic.membership import Membership
 from gradsync.elastic.rounds import SETTLE_S
 from gradsync.elastic.timeouts import Timeouts
@@ -181,3 +181,35 @@ def test_a_round_that_goes_without_a_joiner_writes_why_for_the_joiner_to_say(sto
     assert rounds == {1: [1, 2], 2: [1, 2]}
     said = store.get(keys.joined(joiner.me)).decode()
     assert said.startswith("expired: it had not registered for round 2 when worker"), said
+
+
+@pytest.mark.timeout(60)
+def test_a_stale_lost_mark_leaves_no_rejoiner_out(store: dist.Store, workers: list) -> None:
+    """The 8-host soak's livelock: a worker cut off by a split came back in-process and asked to join, but a
+    watcher's lost mark landed after it had deleted it, and every round after left it out (160 rounds, its
+    heartbeat moving all along). A mark now carries the count its watcher last saw, and a member that beat since
+    is not gone."""
+    _first_round(store, workers, 2)
+    joiner = Membership(store, store, TIMEOUTS)
+    workers.append(joiner)
+    joiner.request_to_join()
+    store.set(keys.lost(joiner.me), lost_mark(0, "stopped (no heartbeat for 3s)"))  # written after it asked
+    assert wait_until(lambda: int(store.add(keys.beat(joiner.me), 0)) > 0, 5)  # and it beats on
+    joined: list = []
+    waiting = threading.Thread(target=lambda: joined.append(joiner.next_round()))
+    waiting.start()
+    assert wait_until(lambda: store.check([keys.registered(2, joiner.me)]), 5)
+    rounds: dict[int, list[int]] = {}
+    threads = [threading.Thread(target=lambda w=w: rounds.update({w.me: w.next_round(5).members})) for w in workers[:2]]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    waiting.join(30)
+    assert rounds == {1: [1, 2, 3], 2: [1, 2, 3]} and joined[0].members == [1, 2, 3]
+
+
+def test_a_lost_mark_holds_until_the_member_beats_again() -> None:
+    mark = lost_mark(41, "stopped (no heartbeat for 5s)")
+    assert not beat_since(mark, 41) and beat_since(mark, 42)
+    assert not beat_since("stopped (no heartbeat for 5s)", 99)  # a mark without a count never expires

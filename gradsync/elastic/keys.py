@@ -10,7 +10,7 @@ key                                    meaning                                  
 ``worker/<launcher's name>``           that worker's number, for its launcher's exit report  every worker, once
 ``beat/<member>``                      heartbeat counter; -1: its launcher saw it exit       its thread, launchers
 ``exited/<member>``                    its launcher saw its process exit                     launchers
-``lost/<member>``                      its heartbeat stopped (why)                           the member watching it
+``lost/<member>``                      its heartbeat stopped: the count last seen, and why   the member watching it
 ``joiners/<member>``, ``join_requests``  a worker asks to be admitted; how many asked so far  joiners
 ``joined/<member>``                    admitted ("expired: why" if left out)                 members / leaders
 ``current_round``                      the number of the last round formed                   round leaders

@@ -56,6 +56,20 @@ def mark_exited(store: dist.Store, member: int) -> None:
     store.set(keys.beat(member), str(_EXITED))
 
 
+def lost_mark(count: int, why: str) -> str:
+    """``lost/<member>``'s value: the heartbeat count its watcher last saw, then why. The count makes the mark
+    expire: a worker cut off for a while (a link down, a split) comes back in-process with the same number, and a
+    mark written after it had deleted it would otherwise leave it out of every round after (the 8-host soak's
+    livelock: worker 79 left out of 160 rounds, its heartbeat moving all along)."""
+    return f"{count} {why}"
+
+
+def beat_since(mark: str, count: int) -> bool:
+    """Whether the member beat after its watcher wrote ``mark`` (``count``: its counter now)."""
+    seen, _, _ = mark.partition(" ")
+    return seen.lstrip("-").isdigit() and count > int(seen)
+
+
 @dataclass(frozen=True)
 class _Seen:
     """A watched member's counter as last read: its value, when it last moved, when it was last read."""
@@ -150,6 +164,11 @@ class Liveness:
                 self._seen.pop(member, None)
                 self._told.discard(member)
         return self.still_for(member) <= self.timeout
+
+    def last_count(self, member: int) -> int:
+        """``member``'s counter as this worker last read it (0: never read)."""
+        last = self._seen.get(member)
+        return last.count if last is not None else 0
 
     def still_for(self, member: int) -> float:
         """For how long this worker has seen ``member``'s counter stand still (inf: its exit was reported; 0: not

@@ -66,7 +66,7 @@ class Membership:
         """From the heartbeat thread, on its own connection: a watched member is gone. The round it was deciding
         is abandoned, the round being formed with it called off, and the current round's members told."""
         self._rounds.abandon(self._beat_store, member, why)
-        self._group.tell_members(member, why)
+        self._group.tell_members(member, why, self.liveness.last_count(member))
 
     @property
     def finished_without_me(self) -> bool:

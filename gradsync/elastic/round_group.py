@@ -14,6 +14,7 @@ from gradsync import torch_private
 from gradsync.collectives.peer_errors import post_gone
 from gradsync.elastic import formation, keys
 from gradsync.elastic.errors import MembershipChanged
+from gradsync.elastic.liveness import lost_mark
 from gradsync.elastic.rounds import Round
 from gradsync.elastic.timeouts import Timeouts
 
@@ -91,11 +92,13 @@ class RoundGroup:
             torch_private.reset_group_count()
             raise MembershipChanged(f"forming round {round_.number}'s group failed: {exc}") from exc
 
-    def tell_members(self, member: int, why: str) -> None:
+    def tell_members(self, member: int, why: str, count: int) -> None:
         """From the heartbeat thread: a member of this round is gone. Post it as that rank's report in the round's
         group, where a member whose collective just failed waits a moment for the peers' reports: a dead rank never
         posts one, and the survivors would wait for it (2 s) on every SIGKILL. A member of the round being formed
-        calls that round off (:mod:`.formation`): its members would otherwise wait out the group's timeout."""
+        calls that round off (:mod:`.formation`): its members would otherwise wait out the group's timeout.
+        ``count``: the member's heartbeat counter as last seen, which the mark for the next round's leader carries
+        (:func:`~.liveness.lost_mark`)."""
         forming = self._forming
         if forming is not None and member in forming.members:
             formation.call_off(self._alarm_store, forming.number, f"worker {member} {why}")
@@ -105,4 +108,4 @@ class RoundGroup:
         round_, store = known
         rank = round_.members.index(member)
         post_gone(store, rank, f"worker {member} (rank {rank} of round {round_.number}) {why}")
-        self._store.set(keys.lost(member), why)  # for the leader of the next round
+        self._store.set(keys.lost(member), lost_mark(count, why))  # for the leader of the next round

@@ -24,7 +24,7 @@ import torch.distributed as dist
 from gradsync.elastic import keys
 from gradsync.elastic.errors import JobFinished, JobStateLost, MembershipChanged
 from gradsync.elastic.job_status import find_state_lost, job_running
-from gradsync.elastic.liveness import SUSPECT_BEATS, Liveness
+from gradsync.elastic.liveness import SUSPECT_BEATS, Liveness, beat_since
 from gradsync.elastic.timeouts import Timeouts
 from gradsync.errors import GradsyncError
 from gradsync.polling import wait_until
@@ -188,7 +188,7 @@ class Rounds:
         wanted = current + sorted(set(joiners) - set(current))
         registered = lambda m: self._registered(number, m)  # noqa: E731
         # Known gone: its launcher saw it exit, or the member watching it saw its heartbeat stop.
-        gone = {m for m in wanted if self._store.check([keys.exited(m)]) or self._store.check([keys.lost(m)])}
+        gone = {m for m in wanted if self._store.check([keys.exited(m)]) or self._declared_lost(m)}
         # The leader is alive, whatever a watcher wrote: a round listed without it could hold no member with the
         # job's state (every other one lost too), and would start from a joiner's.
         alive = lambda m: m == self._me or (m not in gone and self._liveness.alive(m))  # noqa: E731
@@ -225,6 +225,14 @@ class Rounds:
         self._store.compare_set(keys.members(number), "", json.dumps({ABANDONED: why}))
         if (lost := find_state_lost(self._store)) is not None:  # and none of them will come back
             raise JobStateLost(f"worker {self._me} (at step {most}) cannot go on: {lost}")
+
+    def _declared_lost(self, member: int) -> bool:
+        """A watcher declared ``member`` lost, and its heartbeat has not moved since (a stale mark, of a worker that
+        was cut off and is back, leaves no one out: :func:`~.liveness.lost_mark`)."""
+        key = keys.lost(member)
+        if not self._store.check([key]):
+            return False
+        return not beat_since(self._store.get(key).decode(), int(self._store.add(keys.beat(member), 0)))
 
     def _left_out_because(self, number: int, member: int, gone: set[int]) -> str:
         """Why round ``number`` goes without the joiner ``member``, for it to say (a joiner left out round after
