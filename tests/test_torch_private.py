@@ -100,8 +100,11 @@ def test_no_module_outside_torch_private_spells_a_private_name() -> None:
 
 
 def test_the_table_names_files_that_exist_and_every_checked_release() -> None:
+    CHECKED = torch_private.CHECKED_VERSIONS  # noqa: N806
     for record in torch_private.PRIVATE_NAMES:
-        assert record.checked == torch_private.CHECKED_VERSIONS, record.name
+        # A fast path with a fallback (seam "speed") may be checked in fewer releases: without it, torch's cost.
+        partial = record.seam == "speed" and record.fallback and set(record.checked) <= set(CHECKED)
+        assert record.checked == CHECKED or partial, record.name
         for rel in record.used_in:
             assert (ROOT / rel).exists(), f"{record.name}: {rel} moved; update gradsync/torch_private/registry.py"
 

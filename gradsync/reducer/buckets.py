@@ -12,6 +12,7 @@ from collections.abc import Sequence
 import torch
 
 from gradsync import torch_private
+from gradsync.reducer.lending import lend
 from gradsync.reducer.sparse_bucket import SparseBucket
 
 MIB = 1024 * 1024
@@ -112,6 +113,7 @@ class Bucket:
         self._quiet_eager: list[int] = []  # slots of quiet large gradients, copied in with the small ones
         self.quiet_params: list[torch.Tensor] = []
         self.eager = [p.numel() >= EAGER_COPY_NUMEL for p in members]
+        self._n_large = len(large)
         self._small_params = members[len(large) :]
         self._small_views = self.views[len(large) :]
         self._small_region = self.buffer[sum(p.numel() for p in members[: len(large)]) :]
@@ -166,6 +168,18 @@ class Bucket:
     def take(self, slot: int, divisor: int | None) -> None:
         """One ready gradient into its slot: :meth:`_copy_grad` or :meth:`_adopt_grad`, as the subclass says."""
         raise NotImplementedError
+
+    def lend_back(self) -> bool:
+        """The averages into ``.grad``, the large ones by lending their slots (:mod:`.lending`), the small ones in
+        one fused copy. False, with nothing done, where a parameter has no gradient (:func:`write_back` handles it)."""
+        grads = [p.grad for p in self.params]
+        if any(g is None for g in grads):
+            return False
+        n = self._n_large
+        lend(grads[:n], self.views[:n])  # type: ignore[arg-type]
+        if n < len(grads):
+            torch_private.foreach_copy_(grads[n:], self._small_views)  # type: ignore[arg-type]
+        return True
 
     def _gather(self, grads: list[torch.Tensor | None], divisor: int | None) -> None:
         raise NotImplementedError

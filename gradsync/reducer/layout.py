@@ -33,6 +33,7 @@ class BucketLayout:
         self.limits = list(limits)
         self.as_view = as_view
         self.sparse = sparse
+        self._params, self._order, self._reverse = params, list(order), reverse  # for moved()
         groups = assign_buckets(params, order, self.limits, sparse)
         if reverse:  # torch's initial assignment: sorted by first parameter, then reversed (see first())
             groups = sorted(groups, key=min)[::-1]
@@ -125,14 +126,21 @@ class BucketLayout:
         for bucket in self.sparse_buckets:
             bucket.write_back(scale)
 
-    def write_back_bucket(self, bucket: AnyBucket, scale: float) -> None:
-        """One bucket's averages into its parameters' ``.grad`` (when each bucket is handed on as it lands)."""
+    def write_back_bucket(self, bucket: AnyBucket, scale: float, lend: bool) -> None:
+        """One bucket's averages into its parameters' ``.grad`` (when each bucket is handed on as it lands);
+        ``lend``: its large slots may be lent to ``.grad`` instead of copied (:mod:`.lending`)."""
         if isinstance(bucket, SparseBucket):
             bucket.write_back(scale)
             return
         if scale != 1.0:
             bucket.buffer.mul_(scale)
+        if lend and bucket.lend_back():
+            return
         write_back(None, bucket.params, bucket.views, bucket.param_indices, self.as_view)
+
+    def moved(self) -> BucketLayout:
+        """The same buckets on a storage of their own (the present one stays with whoever holds lent slots)."""
+        return BucketLayout(self._params, self._order, self.limits, self.as_view, self.sparse, None, self._reverse)
 
 
 # Per (dtype, device): one flat tensor that every dense bucket of a layout is a slice of. Its size is the

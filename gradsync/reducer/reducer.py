@@ -40,6 +40,7 @@ from gradsync.reducer.autotune import BucketTuning
 from gradsync.reducer.buckets import AnyBucket
 from gradsync.reducer.caps import BucketCaps
 from gradsync.reducer.layout import BucketLayout, Storage
+from gradsync.reducer.lending import Lending, Verdict
 from gradsync.reducer.local_params import LocalParams
 from gradsync.reducer.mode import GraphMode
 from gradsync.reducer.rebuild import Rebuild, State
@@ -100,6 +101,7 @@ class Reducer:
         ]
         self._quiet: list[AnyBucket | None] = [None] * len(self.params)  # the bucket a quiet hook notes into
         self._order_changed = False  # a quiet parameter fired after its bucket's last: every hook stays loud
+        self._lending = Lending()
 
     # ------------------------------------------------------------------------------------- what it exposes
     @property
@@ -279,8 +281,20 @@ class Reducer:
         if self._local.sharded:
             self._local.bring_in_all()
         self._forward_thread = threading.get_ident()
-        self._follow(BackwardStep(self._context, self.layout, scale, on_all_launched=self._queue_finalize))
+        lend = self._lend_or_move()
+        self._follow(BackwardStep(self._context, self.layout, scale, on_all_launched=self._queue_finalize, lend=lend))
         return self._through_sink if self._needs_output_sink() else None
+
+    def _lend_or_move(self) -> bool:
+        """Whether this step may lend large averaged slots to ``.grad`` instead of copying them (:mod:`.lending`):
+        the final layout's only (the rebuild and the tuner's trial hand storages between layouts), never with
+        gradient_as_bucket_view. A slot lent at the last step and still held moves the buckets off that storage."""
+        if not self._rebuild.done or self.layout.as_view:
+            return False
+        verdict = self._lending.before_step(list(self.layout.storage.values()))
+        if verdict is Verdict.MOVE:
+            self._adopt(self.layout.moved())
+        return verdict is Verdict.LEND
 
     def _through_sink(self, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
         return pass_through_sink(tensors, self._sink_reached)

@@ -69,8 +69,10 @@ class BackwardStep:
         scale: float = 1.0,
         shadow: bool = False,
         on_all_launched: Callable[[], None] | None = None,
+        lend: bool = False,
     ) -> None:
         self.ctx = ctx
+        self.lend = lend  # whether large averaged slots may be lent to .grad instead of copied (lending.py)
         self.layout = layout
         self.scale = scale  # applied to the averages (join with divide_by_initial_world_size=False)
         self.on_all_launched = on_all_launched  # the reducer queues the end-of-backward callback there
@@ -244,7 +246,7 @@ class BackwardStep:
         )
 
     def _hand_on(self, bucket: AnyBucket) -> None:
-        self.layout.write_back_bucket(bucket, self.scale)
+        self.layout.write_back_bucket(bucket, self.scale, self.lend)
         if self.ctx.bucket_reduced is not None:
             self.ctx.bucket_reduced(bucket)
 

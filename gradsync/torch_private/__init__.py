@@ -36,6 +36,7 @@ The files, each name importable from this package as before:
 ``distributed.py``  c10d: the default store, the group counter, a backend's timeout, futures, the first bucket
 ``dynamo.py``       importing dynamo ahead, its ``optimize_ddp`` mode
 ``foreach.py``      the foreach copy and multiply kernels, with a per-tensor fallback
+``storage.py``      a storage's use count (lending a bucket slot to ``.grad``), with no lending as the fallback
 ``modules.py``      torch.nn's: the batch norms' base class, DDP's ignore-list attribute
 ``tensor_parallel.py``  DTensor's and FSDP's classes, imported from there (the composition checks)
 ``pipelining.py``   torch's PipelineStage, checked for the methods gradsync's stage overrides, imported from there

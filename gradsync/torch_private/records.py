@@ -34,7 +34,8 @@ class PrivateName:
     how: str
     resolve: Callable[[], object] = field(repr=False, compare=False)  # raises where the installed torch lacks it
     fallback: str = ""  # what gradsync does without it; "" where the accessor fails instead
-    seam: str = ""  # "compile": what gradsync.ddp.compiled needs to split graphs; "compile-notice": to warn
+    seam: str = ""  # "compile": what gradsync.ddp.compiled needs to split graphs; "compile-notice": to warn;
+    # "speed": a fast path only, which without the name does what torch does at torch's cost (no import warning)
 
 
 @dataclass(frozen=True)

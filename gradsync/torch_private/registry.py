@@ -51,6 +51,17 @@ PRIVATE_NAMES: tuple[PrivateName, ...] = (
         fallback="a copy_ per tensor",
     ),
     PrivateName(
+        "torch._C._storage_Use_Count",
+        ("gradsync/torch_private/storage.py",),
+        "tells whether a bucket's storage, or a fresh gradient's, is held by anything else (lending a slot to .grad)",
+        ("2.13.0",),
+        "run in 2.13.0 (tests/test_lending.py); before 2.5 CPU builds may lack it (pytorch/pytorch#131881: it was "
+        "registered with the CUDA module)",
+        attribute("torch._C._storage_Use_Count"),
+        fallback="nothing is lent: averages are copied back into .grad, as torch's reducer does",
+        seam="speed",
+    ),
+    PrivateName(
         "torch._foreach_mul_",
         ("gradsync/reducer/layout.py",),
         "scales every dense bucket by one number in one kernel launch",

@@ -1,0 +1,65 @@
+"""Write-back by lending: a large gradient's averages reach ``.grad`` by pointing ``.grad`` at its bucket slot, not
+by copying them back, wherever nobody can tell the difference.
+
+torch's C++ reducer (``gradient_as_bucket_view=False``) copies every averaged slot back into ``.grad``
+(``Reducer::finalize_bucket_dense``): after the copy into the bucket, a second pass over every gradient byte. In the
+usual loop, ``zero_grad()`` sets gradients to None (its default since torch 2.0), so each backward's ``.grad`` is a
+fresh tensor that nothing else holds. Then ``grad.set_(slot)`` gives the same tensor object the same values with no
+copy: the slot is lent to it.
+
+A lent slot is the user's until they let go of it. Before the next synced backward writes into the buckets, their
+storage must be held by nothing but the reducer's own views: its use count back at the baseline measured before
+anything was lent. If a gradient or a view of one is still held (``zero_grad(set_to_none=False)``, gradients kept
+across steps, no_sync accumulating into the last step's), the buckets move to a storage of their own, once, and
+averages are copied back from then on: torch's behaviour and torch's cost. Nothing is lent where the values could
+differ from torch's: gradient_as_bucket_view (``.grad`` is the slot already), a gradient some other tensor shares
+memory with, one that needs autograd (``create_graph=True``), a tensor subclass, or a layout other than the slot's.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+
+import torch
+
+from gradsync.torch_private.storage import can_count_storage_uses, held_by_it_alone, storage_use_count
+
+
+class Verdict(enum.Enum):
+    LEND = "the buckets' storage is free: this step lends its large slots to .grad"
+    COPY = "averages are copied back (before the rebuild, gradient_as_bucket_view, or after a move)"
+    MOVE = "a lent slot is still held: the buckets move to a storage of their own, and copy back from now on"
+
+
+class Lending:
+    """One reducer's lending: the baseline its buckets' storage counts with nothing lent, and whether it has
+    given up (a loan still held once)."""
+
+    def __init__(self) -> None:
+        self._baseline: int | None = None
+        self._gave_up = not can_count_storage_uses()
+
+    def before_step(self, storage: Sequence[torch.Tensor]) -> Verdict:
+        """Before a synced backward writes into ``storage`` (the final layout's, after the rebuild): lend again,
+        or move off a storage that someone still holds."""
+        if self._gave_up or not storage:
+            return Verdict.COPY
+        uses = sum(storage_use_count(t) for t in storage)
+        if self._baseline is None:
+            self._baseline = uses  # nothing was lent from this storage yet: the reducer's own views alone
+            return Verdict.LEND
+        if uses == self._baseline:
+            return Verdict.LEND
+        self._gave_up = True
+        return Verdict.MOVE
+
+
+def lend(grads: Sequence[torch.Tensor], slots: Sequence[torch.Tensor]) -> None:
+    """Each gradient gets its averaged slot: lent where the gradient's memory is its own and its layout the slot's,
+    copied otherwise."""
+    for grad, slot in zip(grads, slots):
+        if type(grad) is torch.Tensor and not grad.requires_grad and grad.is_contiguous() and held_by_it_alone(grad):
+            grad.set_(slot)  # type: ignore[call-overload]
+        else:
+            grad.copy_(slot)
