@@ -3,6 +3,7 @@ at once, instead of every survivor waiting out the group's timeout inside init_p
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 
@@ -11,6 +12,7 @@ import torch.distributed as dist
 
 from gradsync.elastic import formation
 from gradsync.elastic.errors import MembershipChanged
+from gradsync.elastic.liveness import Liveness
 from gradsync.elastic.round_group import RoundGroup
 from gradsync.elastic.rounds import Round
 from gradsync.elastic.timeouts import Timeouts
@@ -138,3 +140,48 @@ def test_a_traceback_after_many_rounds_bears_one_rank_prefix_the_current_one(cap
     finally:
         group.leave()
         sys.excepthook = before
+
+
+@pytest.mark.timeout(30)
+def test_a_member_whose_heartbeat_stood_still_a_second_calls_the_forming_round_off() -> None:
+    """The 8-host soak's gates that timed out (10, 5 s each): the missing member was dead, but no watcher calls a
+    member gone before the heartbeat timeout. Its watcher now calls the round off once its heartbeat stood still
+    for SUSPECT_BEATS beats; a member whose heartbeat moves is never suspected."""
+    store = dist.HashStore()
+    liveness = Liveness(store, 1, timeout=5.0)
+    group = RoundGroup(store, Timeouts(heartbeat=5, collective=10), alarm_store=store)
+    round_ = Round(4, [1, 2, 3], 1)
+    liveness.watch_only(round_.members)  # member 1 watches 2, which never beats
+    beating = threading.Event()
+
+    def member_3_beats() -> None:
+        count = 0
+        while not beating.wait(0.1):
+            count += 1
+            store.set("gradsync/elastic/beat/3", str(count))
+
+    threading.Thread(target=member_3_beats, daemon=True).start()
+    liveness.alive(3)  # watched too: it beats, so it is never a suspect
+    failure: dict = {}
+
+    def form() -> None:
+        began = time.monotonic()
+        try:
+            group.form(round_)
+        except MembershipChanged as exc:
+            failure["why"], failure["seconds"] = str(exc), time.monotonic() - began
+
+    thread = threading.Thread(target=form)
+    thread.start()
+    deadline = time.monotonic() + 8
+    while thread.is_alive() and time.monotonic() < deadline:
+        group.call_off_for_suspects(liveness.suspects)  # as the heartbeat thread does each beat
+        time.sleep(liveness.interval)
+    thread.join(5)
+    beating.set()
+    liveness.stop()
+    assert re.fullmatch(
+        r"gradsync: round 4's group was called off: worker 2's heartbeat stood still for 1\.\d+s as the round formed",
+        failure["why"],
+    ), failure
+    assert failure["seconds"] < 2.5  # not the gate's 10 s

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
 import torch.distributed as dist
@@ -169,6 +169,14 @@ class Liveness:
         """``member``'s counter as this worker last read it (0: never read)."""
         last = self._seen.get(member)
         return last.count if last is not None else 0
+
+    def suspects(self, members: Collection[int]) -> dict[int, float]:
+        """The watched ``members`` whose counter this worker has seen stand still for ``SUSPECT_BEATS`` beats, with
+        for how long: a live member's heartbeat thread beats even inside a collective, so these are most likely
+        dead, though not yet past the timeout."""
+        limit = SUSPECT_BEATS * self.interval
+        still = {m: self.still_for(m) for m in list(self._watched) if m in members}
+        return {m: s for m, s in still.items() if s >= limit}
 
     def still_for(self, member: int) -> float:
         """For how long this worker has seen ``member``'s counter stand still (inf: its exit was reported; 0: not

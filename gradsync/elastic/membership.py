@@ -58,7 +58,7 @@ class Membership:
         self._finished_without_me = False
         self._beat_store = beat_store
         self.liveness = Liveness(
-            beat_store, self.me, timeouts.heartbeat, on_gone=self._member_gone, on_beat=self._look_for_admission
+            beat_store, self.me, timeouts.heartbeat, on_gone=self._member_gone, on_beat=self._each_beat
         )
         self._rounds = Rounds(store, self.me, self.liveness, timeouts)
 
@@ -192,6 +192,12 @@ class Membership:
         admission = current[1]
         admission.tick(time.monotonic(), step)
         return admission.at is not None and step >= admission.at
+
+    def _each_beat(self, store: dist.Store) -> None:
+        """From the heartbeat thread, each beat: a round being formed with a member that looks dead is called off,
+        and the admission announcement is looked for."""
+        self._group.call_off_for_suspects(self.liveness.suspects)
+        self._look_for_admission(store)
 
     def _look_for_admission(self, store: dist.Store) -> None:
         """From the heartbeat thread, each beat: rank 0 announces the admitting step when a worker asked to join;

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import datetime
 import sys
+from collections.abc import Callable, Collection
 
 import torch.distributed as dist
 
@@ -91,6 +92,20 @@ class RoundGroup:
             # reset it too, or this worker's keys never match the others' again.
             torch_private.reset_group_count()
             raise MembershipChanged(f"forming round {round_.number}'s group failed: {exc}") from exc
+
+    def call_off_for_suspects(self, suspects: Callable[[Collection[int]], dict[int, float]]) -> None:
+        """From the heartbeat thread, each beat: a member of the round being formed that ``suspects`` names (its
+        heartbeat stood still for a second: :meth:`~.liveness.Liveness.suspects`) calls the round off at once. The
+        gate would wait the collective timeout for it otherwise, as no watcher calls it gone before the heartbeat
+        timeout (the 8-host soak: 10 gates timed out, 5 s each). A live member wrongly suspected costs one more
+        round, never a wrong one: the next round's leader does not wait for it, and its heartbeat moves again."""
+        forming = self._forming
+        if forming is None:
+            return
+        for member, still in suspects(forming.members).items():
+            why = f"worker {member}'s heartbeat stood still for {still:.1f}s as the round formed"
+            formation.call_off(self._alarm_store, forming.number, why)
+            return
 
     def tell_members(self, member: int, why: str, count: int) -> None:
         """From the heartbeat thread: a member of this round is gone. Post it as that rank's report in the round's
