@@ -31,15 +31,19 @@ def test_a_pause_is_the_longest_wait_between_steps_after_its_fault() -> None:
 
 
 @pytest.mark.netlab()
-# In the default suite since it passed three runs in a row (2026-12-04/05); before, a host lost whole paused 5.3 s
-# (survivors waited in gloo's collective on each other) until the round group's leave() (1.1 s in this schedule).
+# Before the round group's leave(), a host lost whole paused 5.3 s (survivors waited in gloo's collective on each
+# other); after it, 1.1 s in this schedule. The median pins that. The tail is not pinned at the timeout: a fault that
+# lands while a round forms, or a survivor already inside a collective with a silent peer (gloo cannot abort), waits
+# out one timeout, and CI saw one such pause among three. The soak's worst of 392 was 9.8 s (docs/elastic.md); a
+# pause past three timeouts means a fault was waited out more than twice, or a livelock.
 @pytest.mark.timeout(300)
 def test_a_few_seeded_random_faults_lose_nothing(tmp_path: Path) -> None:
     result = chaos.run(tmp_path, hosts=4, budget_s=24, mean_s=5, seed=3, kinds=("sigkill", "pair", "host"))
     assert len(result.faults) >= 2, result  # the mechanism ran: faults were injected into the running job
     summary = summarize(result, cpu_s=0.0, wall_s=1.0)  # exactly once, identical final parameters, all finished
     assert summary["steps committed"] > 0 and 0.5 < summary["committed fraction"] <= 1.0, summary
-    assert all(p["pause s"] < chaos.TIMEOUT_S for p in summary["pauses"]), summary["pauses"]
+    pause_s = sorted(p["pause s"] for p in summary["pauses"])
+    assert percentile(pause_s, 50) < chaos.TIMEOUT_S and pause_s[-1] < 3 * chaos.TIMEOUT_S, summary["pauses"]
 
 
 @pytest.mark.netlab()

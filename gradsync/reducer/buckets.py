@@ -68,6 +68,20 @@ def assign_buckets(
     return result
 
 
+def order_in_bucket(param_indices: list[int], params: Sequence[torch.Tensor]) -> tuple[list[int], int, int]:
+    """The bucket's members in buffer order, with how many are large and how many of the small ones are vectors.
+
+    Large gradients first, then all the small ones side by side at the end of the buffer, so the small ones are
+    divided by a single kernel over one range (a per-tensor divide costs ~1.4 µs per tensor); among those, vectors
+    (biases, norm weights) first: one torch.cat copies them ~3x faster than _foreach_copy_. Membership is what
+    assign_buckets decided; only the order inside the bucket changes, identically on every rank.
+    """
+    large = [i for i in param_indices if params[i].numel() >= EAGER_COPY_NUMEL]
+    small = [i for i in param_indices if params[i].numel() < EAGER_COPY_NUMEL]
+    vectors = [i for i in small if params[i].dim() == 1]
+    return large + vectors + [i for i in small if params[i].dim() != 1], len(large), len(vectors)
+
+
 class Bucket:
     """One flat buffer and a shaped view of it for each of its parameters.
 
@@ -80,14 +94,7 @@ class Bucket:
     ) -> None:
         self.index = index
         self.assigned = list(param_indices)  # in launch-readiness order, as assign_buckets gave them (for messages)
-        # Large gradients first, then all the small ones side by side at the end of the buffer, so the small ones
-        # are divided by a single kernel over one range (a per-tensor divide costs ~1.4 µs per tensor); among those,
-        # vectors (biases, norm weights) first: one torch.cat copies them ~3x faster than _foreach_copy_. Membership
-        # is what assign_buckets decided; only the order inside the bucket changes, identically on every rank.
-        large = [i for i in param_indices if params[i].numel() >= EAGER_COPY_NUMEL]
-        small = [i for i in param_indices if params[i].numel() < EAGER_COPY_NUMEL]
-        vectors = [i for i in small if params[i].dim() == 1]
-        self.param_indices = large + vectors + [i for i in small if params[i].dim() != 1]
+        self.param_indices, n_large, n_vectors = order_in_bucket(param_indices, params)
         members = [params[i] for i in self.param_indices]
         self.params = members
         total = sum(p.numel() for p in members)
@@ -113,12 +120,12 @@ class Bucket:
         self._quiet_eager: list[int] = []  # slots of quiet large gradients, copied in with the small ones
         self.quiet_params: list[torch.Tensor] = []
         self.eager = [p.numel() >= EAGER_COPY_NUMEL for p in members]
-        self._n_large = len(large)
-        self._small_params = members[len(large) :]
-        self._small_views = self.views[len(large) :]
-        self._small_region = self.buffer[sum(p.numel() for p in members[: len(large)]) :]
-        self._n_vectors = len(vectors)
-        self._vector_region = self._small_region[: sum(params[i].numel() for i in vectors)]
+        self._n_large = n_large
+        self._small_params = members[n_large:]
+        self._small_views = self.views[n_large:]
+        self._small_region = self.buffer[sum(p.numel() for p in members[:n_large]) :]
+        self._n_vectors = n_vectors
+        self._vector_region = self._small_region[: sum(p.numel() for p in members[n_large : n_large + n_vectors])]
 
     @property
     def nbytes(self) -> int:
