@@ -7,6 +7,7 @@ variable                   meaning                                              
 ``GRADSYNC_DEBUG``         compare every collective's fingerprint across ranks first                 off
 ``GRADSYNC_BUCKET_TUNING`` tune bucket sizes at the rebuild when ``bucket_cap_mb=None``              on
 ``GRADSYNC_TIMEOUT``       seconds before a collective fails instead of hanging                      600
+``GRADSYNC_LENDING``       lend bucket slots to ``.grad`` instead of copying averages back           on
 ========================== ========================================================================= =======
 """
 
@@ -72,6 +73,16 @@ def bucket_tuning(environ: Mapping[str, str] | None = None) -> bool:
     True
     """
     return read_bool("GRADSYNC_BUCKET_TUNING", True, environ)
+
+
+def lending(environ: Mapping[str, str] | None = None) -> bool:
+    """``GRADSYNC_LENDING``: after the rebuild, let a fresh ``.grad`` point at its averaged bucket slot instead of
+    copying the averages back (gradsync/reducer/lending.py); off, the reducer copies back as torch's does.
+
+    >>> lending({"GRADSYNC_LENDING": "0"})
+    False
+    """
+    return read_bool("GRADSYNC_LENDING", True, environ)
 
 
 def timeout_seconds(default: float, environ: Mapping[str, str] | None = None) -> float:

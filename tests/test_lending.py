@@ -6,6 +6,7 @@ copy-back from then on."""
 from __future__ import annotations
 
 import copy
+import os
 
 import pytest
 import torch
@@ -134,6 +135,26 @@ def test_a_loan_still_held_moves_the_buckets_once_then_copies() -> None:
     assert lending.before_step(storage) is Verdict.MOVE
     del held
     assert lending.before_step(storage) is Verdict.COPY  # given up for good: no storage flips back and forth
+
+
+def _switched_off(rank: int, world_size: int) -> dict:
+    os.environ["GRADSYNC_LENDING"] = "0"  # in the rank: the forkserver's environment is from before the test
+    ddp, reference = _pair()
+    same, lent = [], []
+    for step in range(4):
+        ddp.zero_grad()
+        reference.zero_grad()
+        _step((ddp, reference), rank, step)
+        same.append(_same(ddp, reference))
+        lent.append(any(_lent(ddp)))
+    return {"same": same, "lent": lent}
+
+
+@pytest.mark.timeout(60)
+def test_gradsync_lending_0_copies_back_as_torch_does() -> None:
+    for result in spawn(_switched_off, timeout=50):
+        assert result["same"] == [True] * 4
+        assert result["lent"] == [False] * 4
 
 
 def test_only_a_gradient_nothing_else_holds_is_lent() -> None:

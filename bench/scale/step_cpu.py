@@ -7,11 +7,14 @@ buckets).
 
     python -m bench.scale.step_cpu --steps 1500
     python -m bench.scale.step_cpu --steps 1500 --model gpt2
+    python -m bench.scale.step_cpu --scale 1 --steps 60 --warmup 10   # the real model's bytes (25.6 M parameters)
+    python -m bench.scale.step_cpu --scale 1 --steps 60 --warmup 10 --no-lending
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
@@ -61,7 +64,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=100)
     parser.add_argument("--model", choices=sorted(SHAPES), default="resnet50")
     parser.add_argument("--scale", type=float, default=SCALE, help="parameter counts divided by this (and the caps)")
+    parser.add_argument("--no-lending", action="store_true", help="gradsync copies averages back, as torch does")
     args = parser.parse_args(argv)
+    if args.no_lending:
+        os.environ["GRADSYNC_LENDING"] = "0"  # read when gradsync's model is built
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     torch.set_num_threads(1)
     models = _models(args.model, args.scale)

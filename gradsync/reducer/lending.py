@@ -34,11 +34,11 @@ class Verdict(enum.Enum):
 
 class Lending:
     """One reducer's lending: the baseline its buckets' storage counts with nothing lent, and whether it has
-    given up (a loan still held once)."""
+    given up (a loan still held once). ``enabled=False`` (``GRADSYNC_LENDING=0``) copies back from the start."""
 
-    def __init__(self) -> None:
+    def __init__(self, enabled: bool = True) -> None:
         self._baseline: int | None = None
-        self._gave_up = not can_count_storage_uses()
+        self._gave_up = not enabled or not can_count_storage_uses()
 
     def before_step(self, storage: Sequence[torch.Tensor]) -> Verdict:
         """Before a synced backward writes into ``storage`` (the final layout's, after the rebuild): lend again,

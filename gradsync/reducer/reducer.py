@@ -30,7 +30,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from gradsync import torch_private
+from gradsync import settings, torch_private
 from gradsync.collectives.communicator import Communicator, Op
 from gradsync.errors import ConfigError, GradientError
 from gradsync.observe.clock import clock_for
@@ -101,7 +101,7 @@ class Reducer:
         ]
         self._quiet: list[AnyBucket | None] = [None] * len(self.params)  # the bucket a quiet hook notes into
         self._order_changed = False  # a quiet parameter fired after its bucket's last: every hook stays loud
-        self._lending = Lending()
+        self._lending = Lending(settings.lending())
 
     # ------------------------------------------------------------------------------------- what it exposes
     @property
