@@ -10,7 +10,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from bench.elastic.chaos import pauses, percentile, summarize  # noqa: E402
+from bench.elastic.chaos import alone, alone_by_kind, pauses, percentile, summarize  # noqa: E402
 from bench.elastic.scale import check_models  # noqa: E402
 from lab import chaos, etcd_cluster  # noqa: E402
 
@@ -28,6 +28,23 @@ def test_a_pause_is_the_longest_wait_between_steps_after_its_fault() -> None:
     faults = [chaos.Fault("sigkill", 0.15, ["h1"], [1]), chaos.Fault("host", 4.05, ["h2"], [2])]
     assert pauses(steps, faults) == pytest.approx([1.3, 0.95])  # 0.2 -> 1.5; then from the fault at 4.05 to 5.0
     assert percentile([3.0, 1.0, 2.0], 50) == 2.0
+
+
+def test_a_fault_stands_alone_only_without_a_partition_in_reach_or_a_fault_in_its_pause() -> None:
+    listed = [
+        {"kind": "sigkill", "t": 0.0, "pause s": 0.5},  # alone
+        {"kind": "link", "t": 10.0, "pause s": 5.0},  # alone: a partition is not in its own reach
+        {"kind": "sigkill", "t": 20.0, "pause s": 5.2},  # 10 s after the link's start: it waits for it too
+        {"kind": "host", "t": 40.0, "pause s": 3.0},  # the sigkill at 41 lands inside its pause
+        {"kind": "sigkill", "t": 41.0, "pause s": 0.6},  # alone
+    ]
+    assert alone(listed) == [True, True, False, False, True]
+    assert alone_by_kind(listed)["sigkill"] == {
+        "alone": 2,
+        "pause p50 s": 0.5,
+        "pause p99 s": 0.6,
+        "pause max s": 0.6,
+    }
 
 
 @pytest.mark.netlab()

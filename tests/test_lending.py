@@ -103,7 +103,7 @@ def _grads_kept_in_place(rank: int, world_size: int) -> dict:
     # every later step's averages, as with torch's DDP (which copies into the same .grad each step).
     ddp, reference = _pair()
     views: dict[str, torch.Tensor] = {}
-    same, seen = [], []
+    same, seen, lent = [], [], []
     for step in range(5):
         for net in (ddp, reference):
             net.zero_grad(set_to_none=False)
@@ -114,9 +114,10 @@ def _grads_kept_in_place(rank: int, world_size: int) -> dict:
         if step == 0:  # before the rebuild: .grad is autograd's tensor, and this view shares its memory
             views = {name: net.module[0].weight.grad.view(-1) for name, net in (("ours", ddp), ("torch", reference))}
         same.append(_same(ddp, reference))
+        lent.append(any(_lent(ddp)))
         if views:
             seen.append(torch.equal(views["ours"], views["torch"]))
-    return {"same": same, "seen": seen}
+    return {"same": same, "seen": seen, "lent": lent}
 
 
 @pytest.mark.timeout(60)
@@ -124,6 +125,7 @@ def test_gradients_kept_in_place_see_every_step_as_with_torch() -> None:
     for result in spawn(_grads_kept_in_place, timeout=50):
         assert result["same"] == [True] * 5
         assert result["seen"] == [True] * 5
+        assert result["lent"] == [False] * 5  # a loop that keeps its gradients lends nothing: no trade, no move
 
 
 def test_a_loan_still_held_moves_the_buckets_once_then_copies() -> None:

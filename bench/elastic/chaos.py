@@ -9,8 +9,9 @@ Checked: every sample of every epoch used by exactly one committed step; the fin
 host; the job finished. Reported: faults injected by kind, steps committed over steps attempted (torchft's measure:
 a step a fault aborted is attempted, not committed), the pause after each fault (the longest wait between two of the
 job's committed steps before the next fault, at most ``WINDOW_S``) as p50/p95/p99/max by kind, the time until a
-victim's host trains again, and the CPU the run used. Writes ``bench/results/chaos-<seed>[-etcd].json`` and
-``.png``.
+victim's host trains again, and the CPU the run used; then the same pauses for the faults that stood alone, with no
+partition in reach (:func:`alone`). Writes ``bench/results/chaos-<seed>[-etcd].json`` and ``.png``;
+``--reread bench/results/chaos-1.json`` prints an earlier run's summary again.
 """
 
 from __future__ import annotations
@@ -74,6 +75,39 @@ def pauses(times: list[float], faults: list[chaos.Fault]) -> list[float]:
     return found
 
 
+PARTITIONS = ("link", "split")  # a cut-off member is found by its heartbeat alone: the issue's bound is its timeout
+PARTITION_REACH_S = chaos.SILENT_S + chaos.TIMEOUT_S  # cut, found lost, healed and admitted again
+
+
+def alone(pauses: Sequence[dict]) -> list[bool]:
+    """Per fault (``summarize``'s ``pauses``: kind, t, pause s): whether it stood alone, with no partition in reach
+    (one begun within PARTITION_REACH_S before it, itself excepted) and no other fault inside its pause. A fault
+    that overlaps a partition waits for the cut-off member's heartbeat timeout too, whatever its own kind."""
+    partitions = [p["t"] for p in pauses if p["kind"] in PARTITIONS]
+    starts = [p["t"] for p in pauses]
+    return [
+        not any(0 <= p["t"] - t <= PARTITION_REACH_S and t != p["t"] for t in partitions)
+        and not any(0 < t - p["t"] < p["pause s"] for t in starts)
+        for p in pauses
+    ]
+
+
+def alone_by_kind(pauses: Sequence[dict]) -> dict[str, dict]:
+    """The pauses of the faults that stood alone (:func:`alone`), by kind: what one fault costs by itself."""
+    flags = alone(pauses)
+    out: dict[str, dict] = {}
+    for kind in sorted({p["kind"] for p in pauses}):
+        mine = [p["pause s"] for p, a in zip(pauses, flags) if a and p["kind"] == kind]
+        if mine:
+            out[kind] = {
+                "alone": len(mine),
+                "pause p50 s": percentile(mine, 50),
+                "pause p99 s": percentile(mine, 99),
+                "pause max s": max(mine),
+            }
+    return out
+
+
 def back_after(events: list[dict], host_of: dict[int, str], fault: chaos.Fault) -> float:
     """Seconds until the last of the fault's hosts commits a step again (a restarted worker rejoined, or the stopped
     or cut-off one was admitted again); ``host_of``: each worker's host, by pid."""
@@ -110,6 +144,7 @@ def summarize(result: chaos.ChaosRun, cpu_s: float, wall_s: float) -> dict:
             "pause max s": max(mine),
             "back median s": statistics.median(backs),
         }
+    listed = [{"kind": f.kind, "t": f.t, "hosts": f.hosts, "pause s": p} for f, p in zip(result.faults, paused)]
     return {
         "hosts": result.hosts,
         "faults": dict(Counter(f.kind for f in result.faults)),
@@ -119,7 +154,8 @@ def summarize(result: chaos.ChaosRun, cpu_s: float, wall_s: float) -> dict:
         "steps attempted": committed + len(aborted),
         "committed fraction": committed / (committed + len(aborted)),
         "by kind": by_kind,
-        "pauses": [{"kind": f.kind, "t": f.t, "hosts": f.hosts, "pause s": p} for f, p in zip(result.faults, paused)],
+        "pauses": listed,
+        "alone by kind": alone_by_kind(listed),
         "cpu used": cpu_s / (wall_s * (os.cpu_count() or 1)),
         "wall s": wall_s,
     }
@@ -159,7 +195,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--store", choices=("tcp", "etcd"), default="tcp", help="the job's store: h0's TCPStore, or etcd on h0-h2"
     )
     parser.add_argument("--results", type=Path, default=Path("bench/results"))
+    parser.add_argument("--reread", type=Path, help="print an earlier run's summary (its JSON) again, and stop")
     args = parser.parse_args(argv)
+    if args.reread is not None:
+        earlier = json.loads(args.reread.read_text())
+        print(report(earlier | {"alone by kind": alone_by_kind(earlier["pauses"])}))
+        return 0
     missing = netlab.available() or (etcd_cluster.available() if args.store == "etcd" else None)
     if missing is not None:
         print(f"skipped: {missing}")
@@ -201,6 +242,12 @@ def report(summary: dict) -> str:
         lines.append(
             f"{kind:8s} {k['faults']:6d} {k['pause p50 s']:6.2f} {k['pause p95 s']:6.2f} {k['pause p99 s']:6.2f} "
             f"{k['pause max s']:6.2f} {k['back median s']:6.2f}"
+        )
+    lines.append(f"alone (no partition within {PARTITION_REACH_S:.0f} s before, no fault inside the pause):")
+    lines.append(f"{'kind':8s} {'alone':>6s} {'p50':>6s} {'p99':>6s} {'max':>6s}")
+    for kind, k in summary.get("alone by kind", {}).items():
+        lines.append(
+            f"{kind:8s} {k['alone']:6d} {k['pause p50 s']:6.2f} {k['pause p99 s']:6.2f} {k['pause max s']:6.2f}"
         )
     return "\n".join(lines)
 

@@ -288,13 +288,16 @@ class Reducer:
     def _lend_or_move(self) -> bool:
         """Whether this step may lend large averaged slots to ``.grad`` instead of copying them (:mod:`.lending`):
         the final layout's only (the rebuild and the tuner's trial hand storages between layouts), never with
-        gradient_as_bucket_view. A slot lent at the last step and still held moves the buckets off that storage."""
+        gradient_as_bucket_view. A slot lent at the last step and still held moves the buckets off that storage.
+        A loop that keeps its gradients (``zero_grad(set_to_none=False)``) lends nothing: its ``.grad`` would only
+        trade its memory for a slot, and the buckets move at the next step (python -m bench.memory, whose loop keeps
+        them: 1.095 x torch's peak after 3 steps with that trade, the freed memory left in the heap)."""
         if not self._rebuild.done or self.layout.as_view:
             return False
         verdict = self._lending.before_step(list(self.layout.storage.values()))
         if verdict is Verdict.MOVE:
             self._adopt(self.layout.moved())
-        return verdict is Verdict.LEND
+        return verdict is Verdict.LEND and all(p.grad is None for p in self.params)
 
     def _through_sink(self, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
         return pass_through_sink(tensors, self._sink_reached)
