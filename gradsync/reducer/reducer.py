@@ -290,8 +290,8 @@ class Reducer:
         the final layout's only (the rebuild and the tuner's trial hand storages between layouts), never with
         gradient_as_bucket_view. A slot lent at the last step and still held moves the buckets off that storage.
         A loop that keeps its gradients (``zero_grad(set_to_none=False)``) lends nothing: its ``.grad`` would only
-        trade its memory for a slot, and the buckets move at the next step (python -m bench.memory, whose loop keeps
-        them: 1.095 x torch's peak after 3 steps with that trade, the freed memory left in the heap)."""
+        trade its memory for a slot, and the buckets would move to a new storage at the next step, one more
+        allocation of their size for no copy saved."""
         if not self._rebuild.done or self.layout.as_view:
             return False
         verdict = self._lending.before_step(list(self.layout.storage.values()))
