@@ -49,6 +49,7 @@ STEP_SLEEP_S = 0.05
 TIMEOUT_S = 5.0  # the job's heartbeat (and collective) timeout
 SILENT_S = TIMEOUT_S + 2.0  # how long a stopped worker, a downed link or a partition stays so
 SILENT_KINDS = ("sigstop", "link", "split")
+REJOIN_S = 20.0  # a victim's worker started again, importing torch and admitted, on a loaded machine (~3-10 s)
 STALLED_S = 90.0  # no committed step for this long while faults are injected: the run fails
 
 
@@ -86,10 +87,12 @@ def schedule(seed: int, budget_s: float, mean_s: float, kinds: Sequence[str]) ->
 
 
 def epochs_for(budget_s: float, hosts: int) -> int:
-    """Epochs that keep the job training for the budget at full size with no fault (a step ~STEP_SLEEP_S + 0.02 s),
-    so that it outlasts the faults; under faults it runs longer (8 hosts, a fault every 2.5 s: 0.167 s a step)."""
+    """Epochs that keep the job training for the budget and ``REJOIN_S`` more at full size with no fault (a step
+    ~STEP_SLEEP_S + 0.02 s), so that it outlasts the faults and the last victim has rejoined before it finishes
+    (every host must finish). Under faults it runs longer, less so as regroups got shorter: with a pause of 0.25 s
+    a SIGKILL, a job sized for the budget alone once finished while a victim's fresh worker was still importing."""
     steps_per_epoch = SAMPLES // (4 * hosts)
-    return max(3, int(budget_s / (STEP_SLEEP_S + 0.02) / steps_per_epoch))
+    return max(3, int((budget_s + REJOIN_S) / (STEP_SLEEP_S + 0.02) / steps_per_epoch))
 
 
 def run(

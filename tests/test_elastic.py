@@ -235,7 +235,8 @@ def test_a_member_watched_again_gets_a_fresh_timeout_but_an_exit_stays_final() -
         time.sleep(6 * HEARTBEAT_S)  # member 2's count stands still (stopped); member 3's launcher saw it exit
         assert not liveness.alive(2) and not liveness.alive(3)
         # each told once, so the members can post it for the rank that will never post its own report
-        assert sorted(told) == [(2, "stopped (no heartbeat for 1s)"), (3, "exited (its launcher saw it)")], told
+        stopped = f"stopped (no heartbeat for {3 * HEARTBEAT_S:g}s)"  # 0.3s, not rounded to 0s
+        assert sorted(told) == [(2, stopped), (3, "exited (its launcher saw it)")], told
         liveness.watch_only([1])  # the round formed without them
         assert liveness.alive(2), "a worker asking to join again was judged by its count from before it stopped"
         assert not liveness.alive(3)
@@ -380,7 +381,7 @@ def test_on_etcd_the_job_survives_losing_the_host_that_started_it(tmp_path: Path
     run = any_host_lost(tmp_path, "host")
     out, (_host, _pid, when) = run["out"], run["faults"][0]
     # No launcher is left on h0 to report the exit: the survivors' all-reduce finds the closed connections, and a
-    # round does not wait for a member whose heartbeat stood still for a second. A survivor that was waiting in
+    # round does not wait for a member whose heartbeat stood still for 3 beats. A survivor that was waiting in
     # gloo for the other survivor's data (not the dead one's) fails only at the group's timeout (5 s here).
     # Measured: median 1.98 s over 5 runs, one of 3.87 s (an etcd election, likely); 5.3-6 s before a round stopped
     # waiting for a member whose heartbeat stood still. The bound leaves room for a loaded machine.

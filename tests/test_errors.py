@@ -246,3 +246,31 @@ def test_a_rank_known_gone_ends_the_wait_for_the_peers_reports() -> None:
     assert elapsed < 1.0, f"waited {elapsed:.1f}s"
     assert "rank 2 is gone: worker 3 exited (its launcher saw it)" in text
     assert "reported nothing" not in text
+
+
+def _waits_in_a_group_that_recovers_itself(rank: int, world_size: int) -> tuple[list[float], str] | None:
+    from gradsync.collectives import peer_errors
+
+    store = dist.distributed_c10d._get_default_store()
+    if rank == 0:
+        peer_errors.post_error_for(store, 1, "all-reduce of bucket 0 failed on rank 1: Connection closed by peer")
+        waits = []
+        for recovered in (False, True):  # rank 2 is silent (a host lost whole: no one posts for it)
+            if recovered:
+                peer_errors.recovered_by_members(store)
+            start = time.monotonic()
+            text = peer_errors.describe_peer_errors(grace=1.0, collective="all-reduce of bucket 0")
+            waits.append(time.monotonic() - start)
+        dist.barrier()
+        return waits, text
+    dist.barrier()
+    return None
+
+
+@pytest.mark.timeout(60)
+def test_a_group_whose_members_recover_themselves_waits_for_no_report() -> None:
+    """An elastic round's group: the next round's leader learns who is gone, and a survivor whose collective failed
+    waiting out the grace for a lost host's report (no launcher is left to post it) held its recovery 0.5 s."""
+    waits, text = spawn(_waits_in_a_group_that_recovers_itself, 3, timeout=50)[0]
+    assert waits[0] >= 1.0 and waits[1] < 0.2, waits  # the same silent rank: the grace, then no wait
+    assert "rank 1 reported: all-reduce of bucket 0 failed on rank 1" in text  # what was posted is still said

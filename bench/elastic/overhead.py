@@ -10,7 +10,7 @@ used (headroom).
 
 The model to 256 ranks: the training thread makes no store operation per step, so the per-step cost is local
 work, whatever N; what grows with N is the store's background load (each rank's heartbeat thread: its beat, the one
-member it watches, the round's admission key: three operations every 0.25 s; measured at 256 and 1,024 ranks by
+member it watches, the round's admission key: three operations every 0.1 s; measured at 256 and 1,024 ranks by
 ``python -m bench.store_load``).
 """
 

@@ -16,6 +16,7 @@ from gradsync.polling import wait_until
 _PREFIX = "gradsync/error/"
 _STEP_PREFIX = "gradsync/step/"
 _GONE = "gone: "  # a report posted on a dead rank's behalf (it posts none): the cause is known, wait no longer
+_NOT_AWAITED = "gradsync/reports-not-awaited"  # set in a group whose members recover from a failure themselves
 
 
 def _store() -> dist.Store | None:
@@ -45,6 +46,26 @@ def post_gone(store: dist.Store, rank: int, why: str) -> None:
     posts no report, and a peer whose collective failed would wait for one. Once such a report is in, the failure
     has its cause and no one waits for the other reports (gradsync.elastic's members post these)."""
     post_error_for(store, rank, _GONE + why)
+
+
+def recovered_by_members(store: dist.Store) -> None:
+    """Say in ``store``, a group's, that its members recover from a failed collective themselves (gradsync.elastic's
+    rounds: the next round's leader learns who is gone from the launchers' reports and the heartbeats), so that a
+    rank whose collective failed waits for no peer's report. The wait only names the cause in the error, which the
+    elastic job logs and goes on; it held up every survivor's recovery (0.5 s on each host lost whole, whose
+    launcher is gone with it and posts nothing, 2 s after a collective's timeout), and the survivor's group stayed
+    open meanwhile, so the members waiting on it failed no sooner either."""
+    store.set(_NOT_AWAITED, "1")
+
+
+def _reports_awaited() -> bool:
+    store = _store()
+    if store is None:
+        return False
+    try:
+        return not store.check([_NOT_AWAITED])
+    except Exception:
+        return False
 
 
 def post_step(step: int) -> None:
@@ -109,8 +130,9 @@ def describe_peer_errors(grace: float = 0.0, collective: str | None = None, step
     seconds for their reports, which ranks said nothing. Those never reached the failed collective (stuck before
     it, or dead): usually the ones to look at. ``collective``: what this rank was in; a peer that failed in another
     one means the ranks were out of step. ``step``: this rank's synced step, when steps are posted (GRADSYNC_DEBUG);
-    a silent peer that posted another one stopped short or ran ahead."""
-    if grace:
+    a silent peer that posted another one stopped short or ran ahead. No wait in a group whose members recover
+    themselves (:func:`recovered_by_members`)."""
+    if grace and _reports_awaited():
         wait_until(lambda: not _still_waiting(peer_errors()), grace, pause=0.02, max_pause=0.05)
     errors = peer_errors()
     if errors is None:

@@ -8,7 +8,7 @@ its launcher reported a moment after the round's leader asked) made every surviv
 So each member first counts itself in; the last one in opens the gate, and a watcher that sees a member of the round
 gone calls it off, whichever comes first (one ``compare_set`` decides). The members wait for that decision with the
 store's blocking wait (a watch on etcd), not a poll, and only then form the group. A watcher also calls the round off
-for a member whose heartbeat it saw stand still for a second (``RoundGroup.call_off_for_suspects``), before the
+for a member whose heartbeat it saw stand still for 3 beats (``RoundGroup.call_off_for_suspects``), before the
 heartbeat timeout would call it gone. A member lost between the gate opening and the group's connect, milliseconds
 later, still costs the timeout.
 

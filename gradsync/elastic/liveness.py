@@ -27,20 +27,24 @@ import torch.distributed as dist
 from gradsync.elastic import keys
 from gradsync.elastic.job_store import StoreHealth
 
-HEARTBEAT_S = 0.25  # a member's beat in a round of up to BEATS_PER_S * HEARTBEAT_S members
+# A member's beat in a round of up to BEATS_PER_S * HEARTBEAT_S members. A host lost whole (its launcher with it, so
+# no exit is reported) is found only by its still heartbeat, SUSPECT_BEATS of them: at 0.25 s that was a second, the
+# most of such a fault's pause in the chaos soak (docs/elastic.md); at 0.1 s it is 0.3 s, for 3 store operations a
+# beat (240 a second at 8 members).
+HEARTBEAT_S = 0.1
 # The job's beats a second at most, every member's together, so that the store's load stops growing with N past
-# 250 members: at 1,024 each member beats every 1.02 s (docs/scaling.md measures both stores at 256 and 1,024).
+# 100 members: at 1,024 each member beats every 1.02 s (docs/scaling.md measures both stores at 256 and 1,024).
 BEATS_PER_S = 1000.0
-SUSPECT_BEATS = 4  # a member silent this many beats while a round is decided is not waited for (rounds.py)
+SUSPECT_BEATS = 3  # a member silent this many beats while a round is decided is not waited for (rounds.py)
 
 
 def beat_interval(members: int, timeout: float) -> float:
-    """Seconds between a member's beats in a round of ``members``: ``HEARTBEAT_S`` up to 250 members, then
+    """Seconds between a member's beats in a round of ``members``: ``HEARTBEAT_S`` up to 100 members, then
     longer, so that the job beats ``BEATS_PER_S`` times a second at most, but never over a fifth of ``timeout``
     (a watcher reads its member five times at least before it calls it dead).
 
     >>> beat_interval(16, 10.0), beat_interval(1024, 10.0), beat_interval(100_000, 10.0)
-    (0.25, 1.024, 2.0)
+    (0.1, 1.024, 2.0)
     """
     return max(HEARTBEAT_S, min(members / BEATS_PER_S, timeout / 5))
 
@@ -192,7 +196,7 @@ class Liveness:
 
     def why_dead(self, member: int) -> str:
         exited = self._exited(member)
-        return "exited (its launcher saw it)" if exited else f"stopped (no heartbeat for {self.timeout:.0f}s)"
+        return "exited (its launcher saw it)" if exited else f"stopped (no heartbeat for {self.timeout:g}s)"
 
     def stop(self) -> None:
         self._stop.set()

@@ -12,7 +12,7 @@ from collections.abc import Callable, Collection
 import torch.distributed as dist
 
 from gradsync import torch_private
-from gradsync.collectives.peer_errors import post_gone
+from gradsync.collectives.peer_errors import post_gone, recovered_by_members
 from gradsync.elastic import formation, keys
 from gradsync.elastic.errors import MembershipChanged
 from gradsync.elastic.liveness import lost_mark
@@ -66,7 +66,9 @@ class RoundGroup:
             self._init_group(round_)
         finally:
             self._forming = None
-        self._group_store = (round_, torch_private.default_store())
+        group_store = torch_private.default_store()
+        recovered_by_members(group_store)  # before this member's first collective can fail
+        self._group_store = (round_, group_store)
 
     def _init_group(self, round_: Round) -> None:
         prefix = dist.PrefixStore(keys.group_prefix(round_.number), self._store)
@@ -95,7 +97,7 @@ class RoundGroup:
 
     def call_off_for_suspects(self, suspects: Callable[[Collection[int]], dict[int, float]]) -> None:
         """From the heartbeat thread, each beat: a member of the round being formed that ``suspects`` names (its
-        heartbeat stood still for a second: :meth:`~.liveness.Liveness.suspects`) calls the round off at once. The
+        heartbeat stood still for 3 beats: :meth:`~.liveness.Liveness.suspects`) calls the round off at once. The
         gate would wait the collective timeout for it otherwise, as no watcher calls it gone before the heartbeat
         timeout (the 8-host soak: 10 gates timed out, 5 s each). A live member wrongly suspected costs one more
         round, never a wrong one: the next round's leader does not wait for it, and its heartbeat moves again."""

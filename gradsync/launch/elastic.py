@@ -48,6 +48,10 @@ from gradsync.launch.stopped import STOPPED_VARIABLE, StopWatch
 from gradsync.polling import wait_until
 from gradsync.runtime import endpoints, run_flags, store_server
 
+# How often the launcher looks at its workers: a worker's exit is reported to the members this long after it at most
+# (0.2 s was up to half of a SIGKILLed worker's pause in the chaos soak). A look is a waitpid and a /proc read.
+POLL_S = 0.05
+
 
 @dataclass
 class Worker:
@@ -116,13 +120,13 @@ def run_elastic(args: Any, cmd: str, cmd_args: list[str]) -> int:
     for w in workers:
         _start(w, cmd, tuple(cmd_args), base, args.log_dir)
     while not all(w.done for w in workers):
-        time.sleep(0.2)
+        time.sleep(POLL_S)
         job.look()
         if job.lost:
             return _stop_without_store(workers, job)
         for w in workers:
             if not w.done:
-                _kill_if_stopped(w, watch)
+                _kill_if_stopped(w, watch, job)
                 _poll(w, cmd, tuple(cmd_args), base, args, job)
     if job.lost:  # found when the last worker here exited
         return _stop_without_store(workers, job)
@@ -228,10 +232,12 @@ class Job:
         self.look(again=True)
 
 
-def _kill_if_stopped(worker: Worker, watch: StopWatch) -> None:
-    """gradsync/launch/stopped.py: a worker stopped past the grace is killed; _poll then restarts it."""
+def _kill_if_stopped(worker: Worker, watch: StopWatch, job: Job) -> None:
+    """gradsync/launch/stopped.py: a worker stopped past the grace is reported and killed; _poll then restarts it.
+    Reported first: the members need not wait for the kill's exit to be seen (one more look, POLL_S)."""
     for pid in worker.context.pids().values():
         if watch.overdue(pid, time.monotonic()):
+            job.report_exit(worker)
             print(
                 f"gradsync run --elastic: local worker {worker.local_rank} (pid {pid}) has been stopped by a signal "
                 f"for {watch.grace_s:g} s ({STOPPED_VARIABLE}): killing it, so that the others need not wait out "
