@@ -135,7 +135,7 @@ def run(
                 else:
                     result.faults.append(fault)
             injector.settle()
-            result.logs = _finish(injector.procs, timeout=budget_s + 900)  # the epochs left after the faults
+            result.logs = _finish(injector.procs, budget_s + 900, out)  # the epochs left after the faults
         finally:
             kill_all(procs, out)
     return result
@@ -303,16 +303,35 @@ def _wait_for_steps(out: Path, steps: int, timeout: float = 180) -> None:
         time.sleep(0.2)
 
 
-def _finish(procs: list[subprocess.Popen], timeout: float) -> list[str]:
-    logs = []
-    deadline = time.monotonic() + timeout
-    for p in procs:
+def _finish(procs: list[subprocess.Popen], timeout: float, out: Path) -> list[str]:
+    """Every launcher's output once all exited (killed at ``timeout``); fails, with their output, once the job
+    committed no step for ``STALLED_S`` before it finished: a run stalled after its faults once sat until its
+    caller's timeout killed it, and every launcher's output went with it."""
+    logs: dict[int, str] = {}
+
+    def read(i: int, p: subprocess.Popen) -> None:
+        logs[i] = p.communicate()[0]
+
+    readers = [threading.Thread(target=read, args=(i, p), daemon=True) for i, p in enumerate(procs)]
+    for reader in readers:
+        reader.start()
+    deadline, stalled = time.monotonic() + timeout, None
+    while any(r.is_alive() for r in readers) and time.monotonic() < deadline and stalled is None:
+        time.sleep(1.0)
         try:
-            logs.append(p.communicate(timeout=max(1.0, deadline - time.monotonic()))[0])
-        except subprocess.TimeoutExpired:
+            if not _job_done(out):
+                _check_not_stalled(out)
+        except AssertionError as exc:
+            stalled = exc
+    for p in procs:
+        if p.poll() is None:
             p.kill()
-            logs.append(p.communicate()[0] + "\n(killed by the chaos lab: still running)")
+    for reader in readers:
+        reader.join(30)
+    ended = [logs.get(i, "") for i in range(len(procs))]
+    if stalled is not None:
+        raise AssertionError(f"{stalled}\n" + "\n----\n".join(log[-3000:] for log in ended))
     failed = [i for i, p in enumerate(procs) if p.returncode != 0]
     if failed:
-        raise AssertionError(f"launchers of h{failed} failed:\n" + "\n----\n".join(logs[i][-3000:] for i in failed))
-    return logs
+        raise AssertionError(f"launchers of h{failed} failed:\n" + "\n----\n".join(ended[i][-3000:] for i in failed))
+    return ended

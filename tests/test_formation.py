@@ -187,3 +187,41 @@ def test_a_member_whose_heartbeat_stood_still_a_few_beats_calls_the_forming_roun
     assert said is not None, failure
     assert float(said[1]) == pytest.approx(SUSPECT_BEATS * liveness.interval, abs=0.15)  # 0.3 s: 3 beats of 0.1 s
     assert failure["seconds"] < 2.5  # not the gate's 10 s
+
+
+@pytest.mark.timeout(30)
+def test_a_lost_member_is_marked_at_once_while_the_training_threads_connection_waits(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A TCPStore client serves one request at a time: the mark the heartbeat thread wrote on the training thread's
+    connection waited behind that thread's wait (the gate, the group's rendezvous, the next member list: seconds),
+    and the heartbeat stopped meanwhile, so the member looked dead to the next round's leader."""
+    import contextlib
+    import datetime
+
+    from gradsync import torch_private
+    from gradsync.elastic import keys
+    from gradsync.elastic.liveness import lost_mark
+
+    server = dist.TCPStore("127.0.0.1", 0, 1, True, wait_for_workers=False)
+    client = lambda: dist.TCPStore("127.0.0.1", server.port, 1, False, timeout=datetime.timedelta(seconds=10))  # noqa: E731
+    training, beating = client(), client()
+    group = RoundGroup(training, Timeouts(heartbeat=5, collective=5), alarm_store=beating)
+    monkeypatch.setattr(dist, "init_process_group", lambda *args, **kwargs: None)  # a round of 2, one process
+    monkeypatch.setattr(torch_private, "default_store", dist.HashStore)
+    training.add("gradsync/elastic/round3/arrived", 1)  # the other member is at the gate
+    group.form(Round(3, [1, 2], 1))
+
+    def wait_for_the_next_list() -> None:
+        with contextlib.suppress(dist.DistStoreError):
+            training.wait(["gradsync/elastic/round4/members"], datetime.timedelta(seconds=3))
+
+    waiting = threading.Thread(target=wait_for_the_next_list)
+    waiting.start()
+    time.sleep(0.2)
+    began = time.monotonic()
+    group.tell_members(2, "exited (its launcher saw it)", 7)  # from the heartbeat thread
+    seconds = time.monotonic() - began
+    waiting.join()
+    assert seconds < 0.5, f"the mark waited {seconds:.1f}s behind the training thread's wait"
+    assert server.get(keys.lost(2)).decode() == lost_mark(7, "exited (its launcher saw it)")

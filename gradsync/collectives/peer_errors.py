@@ -15,7 +15,6 @@ from gradsync.polling import wait_until
 
 _PREFIX = "gradsync/error/"
 _STEP_PREFIX = "gradsync/step/"
-_GONE = "gone: "  # a report posted on a dead rank's behalf (it posts none): the cause is known, wait no longer
 _NOT_AWAITED = "gradsync/reports-not-awaited"  # set in a group whose members recover from a failure themselves
 
 
@@ -39,13 +38,6 @@ def post_error_for(store: dist.Store, rank: int, message: str) -> None:
         store.set(f"{_PREFIX}{rank}", message)
     except Exception:
         pass
-
-
-def post_gone(store: dist.Store, rank: int, why: str) -> None:
-    """Record that ``rank`` is gone (``why``: its process exited, its heartbeat stopped), on its behalf: a dead rank
-    posts no report, and a peer whose collective failed would wait for one. Once such a report is in, the failure
-    has its cause and no one waits for the other reports (gradsync.elastic's members post these)."""
-    post_error_for(store, rank, _GONE + why)
 
 
 def recovered_by_members(store: dist.Store) -> None:
@@ -132,7 +124,9 @@ def describe_peer_errors(grace: float = 0.0, collective: str | None = None, step
     one means the ranks were out of step. ``step``: this rank's synced step, when steps are posted (GRADSYNC_DEBUG);
     a silent peer that posted another one stopped short or ran ahead. No wait in a group whose members recover
     themselves (:func:`recovered_by_members`)."""
-    if grace and _reports_awaited():
+    if grace and not _reports_awaited():
+        grace = 0.0  # nor a list of the silent ones: the members' next round names who is gone
+    if grace:
         wait_until(lambda: not _still_waiting(peer_errors()), grace, pause=0.02, max_pause=0.05)
     errors = peer_errors()
     if errors is None:
@@ -145,8 +139,6 @@ def describe_peer_errors(grace: float = 0.0, collective: str | None = None, step
             "skipped or added a forward or backward, or took a data-dependent no_sync). Rerun with "
             "GRADSYNC_DEBUG=1 to name the first collective where they part."
         )
-    if any(msg.startswith(_GONE) for msg in errors.values()):
-        return text  # the cause is known: a rank is gone; the others' silence says nothing more
     silent = [r for r in range(dist.get_world_size()) if r != dist.get_rank() and r not in errors]
     if grace and silent:
         text += (
@@ -165,14 +157,11 @@ def describe_peer_errors(grace: float = 0.0, collective: str | None = None, step
 
 
 def _still_waiting(errors: dict[int, str] | None) -> bool:
-    """Whether a report may still come that says more: the store is there, not every peer reported, and none is
-    known gone."""
+    """Whether a report may still come that says more: the store is there, and not every peer reported."""
     if errors is None:
         return False
-    return len(errors) < dist.get_world_size() - 1 and not any(msg.startswith(_GONE) for msg in errors.values())
+    return len(errors) < dist.get_world_size() - 1
 
 
 def _report_line(rank: int, message: str) -> str:
-    if message.startswith(_GONE):
-        return f"\n  rank {rank} is gone: {message[len(_GONE) :]}"
     return f"\n  rank {rank} reported: {message}"

@@ -1,7 +1,6 @@
 """A round's process group: a fresh default group on a store prefix of the round's own (``round<k>/group/``), with
-no process restart, formed once every member is at the gate (:mod:`.formation`); and a lost member posted into it as
-that rank's failure report, so the survivors whose collective failed do not wait for the report a dead rank never
-posts."""
+no process restart, formed once every member is at the gate (:mod:`.formation`), whose members wait for no peer's
+report when a collective fails (they recover themselves); and a lost member marked for the next round's leader."""
 
 from __future__ import annotations
 
@@ -12,7 +11,7 @@ from collections.abc import Callable, Collection
 import torch.distributed as dist
 
 from gradsync import torch_private
-from gradsync.collectives.peer_errors import post_gone, recovered_by_members
+from gradsync.collectives.peer_errors import recovered_by_members
 from gradsync.elastic import formation, keys
 from gradsync.elastic.errors import MembershipChanged
 from gradsync.elastic.liveness import lost_mark
@@ -38,7 +37,7 @@ class RoundGroup:
         self._store = store
         self._alarm_store = alarm_store
         self._timeouts = timeouts
-        self._group_store: tuple[Round, dist.Store] | None = None  # the current round's group store, as torch has it
+        self._formed: Round | None = None  # the current round, once its group formed, read by the heartbeat thread
         self._forming: Round | None = None  # the round whose group is being formed, read by the heartbeat thread
         self._excepthook = sys.excepthook  # as the process had it, before any round's group wrapped it
 
@@ -66,9 +65,8 @@ class RoundGroup:
             self._init_group(round_)
         finally:
             self._forming = None
-        group_store = torch_private.default_store()
-        recovered_by_members(group_store)  # before this member's first collective can fail
-        self._group_store = (round_, group_store)
+        recovered_by_members(torch_private.default_store())  # before this member's first collective can fail
+        self._formed = round_
 
     def _init_group(self, round_: Round) -> None:
         prefix = dist.PrefixStore(keys.group_prefix(round_.number), self._store)
@@ -110,19 +108,16 @@ class RoundGroup:
             return
 
     def tell_members(self, member: int, why: str, count: int) -> None:
-        """From the heartbeat thread: a member of this round is gone. Post it as that rank's report in the round's
-        group, where a member whose collective just failed waits a moment for the peers' reports: a dead rank never
-        posts one, and the survivors would wait for it (2 s) on every SIGKILL. A member of the round being formed
-        calls that round off (:mod:`.formation`): its members would otherwise wait out the group's timeout.
-        ``count``: the member's heartbeat counter as last seen, which the mark for the next round's leader carries
-        (:func:`~.liveness.lost_mark`)."""
+        """From the heartbeat thread: a member of this round is gone. A member of the round being formed calls that
+        round off (:mod:`.formation`): its members would otherwise wait out the group's timeout. A member of the
+        current round is marked lost for the next round's leader, with ``count``, its heartbeat counter as last seen
+        (:func:`~.liveness.lost_mark`). Both on the heartbeat thread's own connection: a TCPStore client serves one
+        request at a time, and the training thread's may be inside a wait of seconds (the gate, the group's
+        rendezvous, the next member list); this thread's beats stopped behind it, and its member, looking dead
+        after 3 beats, was left out of rounds (likely how an 8-host chaos run fell from 5 members to 1)."""
         forming = self._forming
         if forming is not None and member in forming.members:
             formation.call_off(self._alarm_store, forming.number, f"worker {member} {why}")
-        known = self._group_store
-        if known is None or member not in known[0].members:
-            return
-        round_, store = known
-        rank = round_.members.index(member)
-        post_gone(store, rank, f"worker {member} (rank {rank} of round {round_.number}) {why}")
-        self._store.set(keys.lost(member), lost_mark(count, why))  # for the leader of the next round
+        formed = self._formed
+        if formed is not None and member in formed.members:
+            self._alarm_store.set(keys.lost(member), lost_mark(count, why))  # for the leader of the next round
