@@ -30,20 +30,23 @@ def test_a_pause_is_the_longest_wait_between_steps_after_its_fault() -> None:
     assert percentile([3.0, 1.0, 2.0], 50) == 2.0
 
 
-def test_a_fault_stands_alone_only_without_a_partition_in_reach_or_a_fault_in_its_pause() -> None:
+def test_a_fault_stands_alone_only_without_a_partition_in_reach_or_another_fault_in_its_time() -> None:
     listed = [
         {"kind": "sigkill", "t": 0.0, "pause s": 0.5},  # alone
         {"kind": "link", "t": 10.0, "pause s": 5.0},  # alone: a partition is not in its own reach
         {"kind": "sigkill", "t": 20.0, "pause s": 5.2},  # 10 s after the link's start: it waits for it too
         {"kind": "host", "t": 40.0, "pause s": 3.0},  # the sigkill at 41 lands inside its pause
-        {"kind": "sigkill", "t": 41.0, "pause s": 0.6},  # alone
+        {"kind": "sigkill", "t": 41.0, "pause s": 0.6},  # inside the host's pause: one regroup window for both
+        {"kind": "pair", "t": 50.0, "pause s": 0.2},  # its second kill, 0.3 s on, lands in the next one's pause
+        {"kind": "sigkill", "t": 50.25, "pause s": 4.0},
+        {"kind": "sigkill", "t": 60.0, "pause s": 0.7},  # alone
     ]
-    assert alone(listed) == [True, True, False, False, True]
+    assert alone(listed) == [True, True, False, False, False, False, False, True]
     assert alone_by_kind(listed)["sigkill"] == {
         "alone": 2,
         "pause p50 s": 0.5,
-        "pause p99 s": 0.6,
-        "pause max s": 0.6,
+        "pause p99 s": 0.7,
+        "pause max s": 0.7,
     }
 
 

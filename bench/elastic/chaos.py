@@ -77,18 +77,28 @@ def pauses(times: list[float], faults: list[chaos.Fault]) -> list[float]:
 
 PARTITIONS = ("link", "split")  # a cut-off member is found by its heartbeat alone: the issue's bound is its timeout
 PARTITION_REACH_S = chaos.SILENT_S + chaos.TIMEOUT_S  # cut, found lost, healed and admitted again
+REGROUP_S = 1.0  # a kill this long before a fault may still be regrouping as it lands
 
 
 def alone(pauses: Sequence[dict]) -> list[bool]:
     """Per fault (``summarize``'s ``pauses``: kind, t, pause s): whether it stood alone, with no partition in reach
-    (one begun within PARTITION_REACH_S before it, itself excepted) and no other fault inside its pause. A fault
-    that overlaps a partition waits for the cut-off member's heartbeat timeout too, whatever its own kind."""
+    (one begun within PARTITION_REACH_S before it, itself excepted) and no other fault in its regroup window: none
+    whose pause overlaps its own, and no other kill from ``REGROUP_S`` before it to its pause's end (a pair's second
+    kill, ``PAIR_GAP_S`` after its first, counted: it may land after the pair's pause ended, as the next fault's
+    regroup begins). A fault that overlaps a partition waits for the cut-off member's heartbeat timeout too, whatever
+    its own kind, and faults in one regroup window share one pause."""
     partitions = [p["t"] for p in pauses if p["kind"] in PARTITIONS]
-    starts = [p["t"] for p in pauses]
+    kills = [[p["t"], p["t"] + chaos.PAIR_GAP_S] if p["kind"] == "pair" else [p["t"]] for p in pauses]
+    spans = [(k[0], max(k[-1], p["t"] + p["pause s"])) for p, k in zip(pauses, kills)]  # through its last kill
+
+    def shares_a_window(i: int, j: int) -> bool:
+        (begin, end), (other, other_end) = spans[i], spans[j]
+        return (other < end and begin < other_end) or any(begin - REGROUP_S <= k <= end for k in kills[j])
+
     return [
-        not any(0 <= p["t"] - t <= PARTITION_REACH_S and t != p["t"] for t in partitions)
-        and not any(0 < t - p["t"] < p["pause s"] for t in starts)
-        for p in pauses
+        not any(0 <= spans[i][0] - t <= PARTITION_REACH_S and t != spans[i][0] for t in partitions)
+        and not any(shares_a_window(i, j) for j in range(len(pauses)) if j != i)
+        for i in range(len(pauses))
     ]
 
 
@@ -243,7 +253,7 @@ def report(summary: dict) -> str:
             f"{kind:8s} {k['faults']:6d} {k['pause p50 s']:6.2f} {k['pause p95 s']:6.2f} {k['pause p99 s']:6.2f} "
             f"{k['pause max s']:6.2f} {k['back median s']:6.2f}"
         )
-    lines.append(f"alone (no partition within {PARTITION_REACH_S:.0f} s before, no fault inside the pause):")
+    lines.append(f"alone (no partition within {PARTITION_REACH_S:.0f} s before, no other fault in its regroup window):")
     lines.append(f"{'kind':8s} {'alone':>6s} {'p50':>6s} {'p99':>6s} {'max':>6s}")
     for kind, k in summary.get("alone by kind", {}).items():
         lines.append(
