@@ -17,13 +17,13 @@ from gradsync.elastic.errors import JobStateLost, MembershipChanged
 from gradsync.elastic.job_status import find_state_lost, state_lost
 from gradsync.elastic.liveness import beat_since, lost_mark, mark_exited
 from gradsync.elastic.membership import Membership
-from gradsync.elastic.rounds import SETTLE_S, list_wait
+from gradsync.elastic.rounds import SETTLE_S
 from gradsync.elastic.timeouts import Timeouts
 from gradsync.launch.elastic import Job
 from gradsync.polling import wait_until
 
 TIMEOUTS = Timeouts(heartbeat=3.0, collective=3.0, admission=20)
-GIVE_UP_S = list_wait(TIMEOUTS)  # what a member waits for a list no leader wrote
+GIVE_UP_S = 2 * (SETTLE_S + TIMEOUTS.collective)  # what a member waits for a list no leader wrote
 
 
 @pytest.fixture()
@@ -213,31 +213,3 @@ def test_a_lost_mark_holds_until_the_member_beats_again() -> None:
     mark = lost_mark(41, "stopped (no heartbeat for 5s)")
     assert not beat_since(mark, 41) and beat_since(mark, 42)
     assert not beat_since("stopped (no heartbeat for 5s)", 99)  # a mark without a count never expires
-
-
-@pytest.mark.timeout(60)
-def test_the_leader_waits_for_a_live_member_still_inside_a_collective_past_one_timeout(
-    store: dist.Store, workers: list
-) -> None:
-    """A live member may register a timeout and more after the leader: it was inside a collective entered after the
-    leader's failed (the state sync, the next step's), which fails only at the group's timeout. A leader that stopped
-    waiting after one timeout listed rounds of 1 member in an 8-host chaos soak, 3 and 4 live ones left out."""
-    _first_round(store, workers, 3)
-    leader, late, other = workers
-    rounds: dict[int, object] = {}
-
-    def next_round(worker: Membership, after_s: float) -> None:
-        time.sleep(after_s)
-        rounds[worker.me] = worker.next_round(steps=5)
-
-    late_s = SETTLE_S + TIMEOUTS.collective + 0.5  # past the old bound
-    threads = [
-        threading.Thread(target=next_round, args=(leader, 0.0)),
-        threading.Thread(target=next_round, args=(other, 0.3)),
-        threading.Thread(target=next_round, args=(late, late_s)),
-    ]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(40)
-    assert {me: r.members for me, r in rounds.items()} == {w.me: [1, 2, 3] for w in workers}  # type: ignore[attr-defined]

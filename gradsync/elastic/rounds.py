@@ -37,19 +37,6 @@ EXPIRED = "expired"  # joined/<member>'s value (with why) when a round went with
 STATE_LOOK_S = 1.0  # a joiner looks this often whether the job's state is still held by a member
 
 
-def leader_wait(timeouts: Timeouts) -> float:
-    """How long a round's leader waits for its live members to register. One may be inside a collective that fails
-    only at the group's timeout, entered after the leader's failed (the state sync, the next step's): two timeouts.
-    After one, an 8-host chaos soak listed rounds of 1 member while 3 and 4 live ones registered a moment later (they
-    joined again in-process; a fault on that one member would have lost the job's state)."""
-    return SETTLE_S + 2 * timeouts.collective
-
-
-def list_wait(timeouts: Timeouts) -> float:
-    """How long a member waits for the list of a round it registered for: past the leader's wait and its writing."""
-    return 2 * SETTLE_S + 3 * timeouts.collective
-
-
 @dataclass(frozen=True)
 class Round:
     number: int
@@ -116,14 +103,14 @@ class Rounds:
             # have been seen already, before this member knew it would lead.
             if not self._liveness.alive(leader):
                 self.abandon(self._store, leader, self._liveness.why_dead(leader))
-            return number, self._wait_for(keys.members(number), list_wait(self._timeouts))
+            return number, self._wait_for(keys.members(number), 2 * (SETTLE_S + self._timeouts.collective))
         finally:
             self._awaited = None
 
     def abandon(self, store: dist.Store, member: int, why: str) -> None:
         """``member`` is gone (``why``): if it leads the round this member waits on, write that round's abandonment
         where its member list would be, so that every member waiting tries the next number now instead of after
-        :func:`list_wait`. From the heartbeat thread, on its own ``store`` connection (the
+        ``2 * (SETTLE_S + collective timeout)``. From the heartbeat thread, on its own ``store`` connection (the
         training thread's waits on the list). A leader that was only slow loses the list's ``compare_set`` and
         tries the next number too."""
         awaited = self._awaited
@@ -215,7 +202,7 @@ class Rounds:
         awaited = lambda m: alive(m) and self._liveness.still_for(m) < suspect_s  # noqa: E731
         # One request a look, whatever the members (a TCPStore checks a list of keys at once), not one a member.
         live_registered = lambda: self._all_registered(number, [m for m in wanted if awaited(m)])  # noqa: E731
-        wait_until(live_registered, leader_wait(self._timeouts), pause=0.005, max_pause=0.02)
+        wait_until(live_registered, SETTLE_S + self._timeouts.collective, pause=0.005, max_pause=0.02)
         # Registered and still alive: a worker killed after registering (its launcher reported it) is left out.
         everyone = self._all_registered(number, wanted)
         members = [m for m in wanted if (everyone or registered(m)) and alive(m)]
