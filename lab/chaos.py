@@ -323,12 +323,13 @@ def _finish(procs: list[subprocess.Popen], timeout: float, out: Path) -> list[st
                 _check_not_stalled(out)
         except AssertionError as exc:
             stalled = exc
-    for p in procs:
-        if p.poll() is None:
-            p.kill()
+    killed = [i for i, p in enumerate(procs) if p.poll() is None]
+    for i in killed:
+        procs[i].kill()
     for reader in readers:
         reader.join(30)
-    ended = [logs.get(i, "") for i in range(len(procs))]
+    still = "\n(killed by the chaos lab: still running)"
+    ended = [logs.get(i, "") + (still if i in killed else "") for i in range(len(procs))]
     if stalled is not None:
         raise AssertionError(f"{stalled}\n" + "\n----\n".join(log[-3000:] for log in ended))
     failed = [i for i, p in enumerate(procs) if p.returncode != 0]
