@@ -5,6 +5,7 @@ restarted worker rejoins so that all three hosts end with identical parameters."
 
 from __future__ import annotations
 
+import re
 import shutil
 import sys
 from collections import Counter
@@ -252,9 +253,10 @@ def test_losing_the_stores_host_ends_the_job_within_seconds_with_one_line(tmp_pa
     ended = store_host_lost(tmp_path)
     for host, result in ended.items():
         # The launcher's one line (its worker may say it too, from its own next step).
-        lines = [line for line in result["output"].splitlines() if line.startswith("gradsync run --elastic: the job's")]
+        lines = [line for line in result["output"].splitlines() if "gradsync run --elastic: the job's" in line]
         assert result["seconds"] < 15 and result["code"] == 1, (host, result["seconds"], result["output"][-3000:])
         assert len(lines) == 1 and "is lost" in lines[0] and "restart the job from its last checkpoint" in lines[0]
+        assert re.match(r"\d{4}-\d\d-\d\dT[\d:.]+Z gradsync run --elastic: ", lines[0]), lines  # gradsync/log.py
 
 
 def test_a_launcher_tells_a_store_that_is_gone_from_one_out_of_reach(monkeypatch: pytest.MonkeyPatch) -> None:

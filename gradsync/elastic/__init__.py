@@ -36,7 +36,6 @@ an announced step), ``timeouts.py``, ``errors.py``, ``job_status.py`` (the job a
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 
 from gradsync import torch_private
@@ -46,6 +45,7 @@ from gradsync.elastic.membership import Membership
 from gradsync.elastic.state import MAX_FUTILE_RECOVERIES, REJOIN_VARIABLE, Recovery, State, run
 from gradsync.elastic.timeouts import Timeouts
 from gradsync.errors import GradsyncError
+from gradsync.log import log
 
 __all__ = [
     "ElasticLoader",
@@ -99,7 +99,7 @@ def init(
             job.form_group(round_)
             return job
         except MembershipChanged as exc:  # a member was lost while the group formed: the next round, without it
-            logging.getLogger("gradsync").warning("gradsync elastic: %s; trying the next round", exc)
+            log.warning("gradsync elastic: %s; trying the next round", exc)
             round_ = job.next_round()
     raise GradsyncError(f"could not form a process group in {MAX_FUTILE_RECOVERIES} rounds")
 

@@ -14,7 +14,6 @@ admitted at a step boundary rank 0 announces a few steps ahead (:mod:`gradsync.e
 
 from __future__ import annotations
 
-import logging
 import os
 import time
 
@@ -29,8 +28,7 @@ from gradsync.elastic.round_group import RoundGroup
 from gradsync.elastic.rounds import Round, Rounds
 from gradsync.elastic.timeouts import Timeouts
 from gradsync.errors import GradsyncError
-
-log = logging.getLogger("gradsync")
+from gradsync.log import log
 
 
 class Membership:

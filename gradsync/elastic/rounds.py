@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import datetime
 import json
-import logging
 import time
 from dataclasses import dataclass
 
@@ -27,9 +26,8 @@ from gradsync.elastic.job_status import find_state_lost, job_running
 from gradsync.elastic.liveness import SUSPECT_BEATS, Liveness, beat_since
 from gradsync.elastic.timeouts import Timeouts
 from gradsync.errors import GradsyncError
+from gradsync.log import log
 from gradsync.polling import wait_until
-
-log = logging.getLogger("gradsync")
 
 SETTLE_S = 1.0
 ABANDONED = "abandoned"  # the key of a member list's JSON object when the round's leader died deciding it

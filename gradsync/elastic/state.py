@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import logging
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -35,8 +34,8 @@ from gradsync.elastic.errors import JobFinished, MembershipChanged
 from gradsync.elastic.loader import ElasticLoader
 from gradsync.elastic.membership import Membership
 from gradsync.errors import CollectiveError, ConfigError, GradsyncError
+from gradsync.log import log
 
-log = logging.getLogger("gradsync")
 T = TypeVar("T")
 REJOIN_VARIABLE = "GRADSYNC_ELASTIC_REJOIN"  # set by the launcher on a restarted worker
 MAX_FUTILE_RECOVERIES = 5  # recoveries in a row without a committed step: give up

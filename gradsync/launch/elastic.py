@@ -24,7 +24,6 @@ import datetime
 import os
 import signal
 import socket
-import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -45,6 +44,7 @@ from gradsync.elastic.job_status import (
 from gradsync.elastic.state import REJOIN_VARIABLE
 from gradsync.errors import ConfigError
 from gradsync.launch.stopped import STOPPED_VARIABLE, StopWatch
+from gradsync.log import log
 from gradsync.polling import wait_until
 from gradsync.runtime import endpoints, run_flags, store_server
 
@@ -142,12 +142,11 @@ def run_elastic(args: Any, cmd: str, cmd_args: list[str]) -> int:
 
 def _say_why_failed(failed: list[Worker], job: Job, log_dir: str) -> None:
     if job.state_lost:
-        print(f"gradsync run --elastic: the job cannot go on: {job.state_lost}", file=sys.stderr)
+        log.error(f"gradsync run --elastic: the job cannot go on: {job.state_lost}")
     for w in failed:
-        print(
+        log.error(
             f"gradsync run --elastic: local worker {w.local_rank} failed for good after {w.restarts} restart(s) "
-            f"(exit codes {w.exit_codes}); logs in {log_dir}",
-            file=sys.stderr,
+            f"(exit codes {w.exit_codes}); logs in {log_dir}"
         )
 
 
@@ -165,11 +164,9 @@ def _stop_without_store(workers: list[Worker], job: Job) -> int:
     wait_until(all_stopped, WORKERS_STOP_S)
     for w in running:
         w.context.close()
-    print(
+    log.error(
         f"gradsync run --elastic: {job_store.describe(job.where)} is lost: {job.health.lost}; without it the workers "
-        "cannot coordinate. Stopped this node's workers; restart the job from its last checkpoint.",
-        file=sys.stderr,
-        flush=True,
+        "cannot coordinate. Stopped this node's workers; restart the job from its last checkpoint."
     )
     return 1
 
@@ -238,12 +235,10 @@ def _kill_if_stopped(worker: Worker, watch: StopWatch, job: Job) -> None:
     for pid in worker.context.pids().values():
         if watch.overdue(pid, time.monotonic()):
             job.report_exit(worker)
-            print(
+            log.warning(
                 f"gradsync run --elastic: local worker {worker.local_rank} (pid {pid}) has been stopped by a signal "
                 f"for {watch.grace_s:g} s ({STOPPED_VARIABLE}): killing it, so that the others need not wait out "
-                "their timeout; it restarts and rejoins",
-                file=sys.stderr,
-                flush=True,
+                "their timeout; it restarts and rejoins"
             )
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
@@ -262,10 +257,8 @@ def _poll(worker: Worker, cmd: str, cmd_args: tuple, env: dict[str, str], args: 
         worker.done = True
         return
     worker.restarts += 1
-    print(
+    log.warning(
         f"gradsync run --elastic: local worker {worker.local_rank} exited with {code}; restarting it "
-        f"({worker.restarts}/{args.max_restarts}); the others keep training",
-        file=sys.stderr,
-        flush=True,
+        f"({worker.restarts}/{args.max_restarts}); the others keep training"
     )
     _start(worker, cmd, cmd_args, env, args.log_dir)

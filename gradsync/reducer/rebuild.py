@@ -25,20 +25,18 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import logging
 import statistics
 from collections.abc import Callable, Sequence
 
 import torch
 
 from gradsync.collectives.communicator import Communicator, Op
+from gradsync.log import log
 from gradsync.observe.clock import Clock, HostClock, Mark
 from gradsync.reducer import autotune
 from gradsync.reducer.buckets import MIB, assign_buckets
 from gradsync.reducer.caps import BucketCaps
 from gradsync.reducer.layout import BucketLayout, Storage
-
-log = logging.getLogger("gradsync")
 
 TRIAL_PAIRS = 5  # synced steps under each layout, alternated
 KEEP_MARGIN = 0.02  # the proposal must measure at least this much faster than torch's caps (this machine's noise)
