@@ -8,9 +8,12 @@ import threading
 import time
 
 import pytest
+import torch
 import torch.distributed as dist
 
+from gradsync import torch_private
 from gradsync.elastic import formation
+from gradsync.elastic.connect_timeout import FLOOR_S, MARGIN, ConnectTimeout
 from gradsync.elastic.errors import MembershipChanged
 from gradsync.elastic.liveness import SUSPECT_BEATS, Liveness
 from gradsync.elastic.round_group import RoundGroup
@@ -225,3 +228,42 @@ def test_a_lost_member_is_marked_at_once_while_the_training_threads_connection_w
     waiting.join()
     assert seconds < 0.5, f"the mark waited {seconds:.1f}s behind the training thread's wait"
     assert server.get(keys.lost(2)).decode() == lost_mark(7, "exited (its launcher saw it)")
+
+
+def test_the_connects_bound_is_a_few_measured_connects_and_the_whole_timeout_until_one_was() -> None:
+    clock = ConnectTimeout(collective=5.0)
+    assert clock.seconds() == 5.0  # a first round, or a joiner's: nothing measured
+    clock.connected(0.02)
+    assert clock.seconds() == FLOOR_S
+    clock.connected(0.5)
+    clock.connected(0.1)  # the slowest counts
+    assert clock.seconds() == MARGIN * 0.5
+    clock.connected(3.0)
+    assert clock.seconds() == 5.0  # never past the collective timeout
+    clock.failed()  # perhaps a slow store, not a lost member: the next waits the whole timeout
+    assert clock.seconds() == 5.0
+    clock.connected(0.01)
+    assert clock.seconds() == FLOOR_S
+
+
+@pytest.mark.timeout(30)
+def test_a_member_lost_after_the_gate_opened_costs_the_connects_bound_not_the_collective_timeout() -> None:
+    """The soak's one pause over 3 s that no partition caused: three kills within 0.31 s, one member lost between
+    its round's gate opening and its group connecting, and the others waited the whole timeout (4.37 s at 5 s).
+    The group then formed has the collective timeout, whatever bound it connected within."""
+    if not torch_private.group_timeout_settable():
+        pytest.skip(f"torch {torch.__version__} cannot set a formed group's timeout: it connects with that one")
+    store = dist.HashStore()
+    group = RoundGroup(store, Timeouts(heartbeat=5.0, collective=10.0, admission=60.0), alarm_store=store)
+    try:
+        group.form(Round(1, [4], 4))  # a round of one: its connect measured, in milliseconds
+        group.form(Round(2, [4], 4))  # connected within FLOOR_S, then given the collective timeout
+        assert torch_private.backend_timeout_seconds(dist.group.WORLD, torch.device("cpu")) == 10.0
+        store.add("gradsync/elastic/round3/arrived", 1)  # worker 5 reached the gate, and was lost before connecting
+        began = time.monotonic()
+        with pytest.raises(MembershipChanged, match="forming round 3's group failed within its connect bound, 1s"):
+            group.form(Round(3, [4, 5], 4))
+        waited = time.monotonic() - began
+        assert FLOOR_S <= waited < FLOOR_S + 1.0, f"waited {waited:.1f}s for the lost member (collective: 10 s)"
+    finally:
+        group.leave()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 import datetime
 import re
+import time
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,7 @@ import torch.distributed as dist
 from gradsync import torch_private
 from gradsync.ddp import compiled
 from gradsync.reducer.buckets import DEFAULT_FIRST_BUCKET_BYTES
+from gradsync.testing import spawn
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "gradsync"
@@ -200,3 +202,25 @@ def test_store_timeout_and_group_count_on_a_live_group() -> None:
         assert dist.distributed_c10d._world.group_count == 0
     finally:
         dist.destroy_process_group()
+
+
+def _outlive_the_formed_timeout(rank: int, world_size: int) -> float:
+    torch_private.set_group_timeout(4.0)  # the group formed with 1 s (spawn's pg_timeout)
+    t = torch.ones(4)
+    dist.all_reduce(t)
+    if rank == 1:
+        time.sleep(2.5)  # past the 1 s the group formed with
+    began = time.monotonic()
+    dist.all_reduce(t)
+    return time.monotonic() - began
+
+
+@pytest.mark.timeout(60)
+def test_a_timeout_set_after_forming_is_the_one_gloo_collectives_keep() -> None:
+    """gradsync/elastic/connect_timeout.py forms a round's group with a short timeout, then sets the collective one:
+    a collective that outlives the first must still complete (torch 2.9 to 2.12's gloo kept the first:
+    pytorch/pytorch#167052). Without the set, rank 0's second all-reduce fails after 1 s."""
+    if not torch_private.group_timeout_settable():
+        pytest.skip(f"torch {torch.__version__}: rounds connect with the collective timeout (no set)")
+    waited = spawn(_outlive_the_formed_timeout, world_size=2, pg_timeout=1.0, timeout=50)
+    assert waited[0] > 2.0, waited

@@ -10,7 +10,7 @@ gone calls it off, whichever comes first (one ``compare_set`` decides). The memb
 store's blocking wait (a watch on etcd), not a poll, and only then form the group. A watcher also calls the round off
 for a member whose heartbeat it saw stand still for 3 beats (``RoundGroup.call_off_for_suspects``), before the
 heartbeat timeout would call it gone. A member lost between the gate opening and the group's connect, milliseconds
-later, still costs the timeout.
+later, costs the connect's own bound (:mod:`.connect_timeout`: a few measured connects, at least 1 s).
 
 Example::
 

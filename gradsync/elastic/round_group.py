@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import datetime
 import sys
+import time
 from collections.abc import Callable, Collection
 
 import torch.distributed as dist
@@ -13,6 +14,7 @@ import torch.distributed as dist
 from gradsync import torch_private
 from gradsync.collectives.peer_errors import recovered_by_members
 from gradsync.elastic import formation, keys
+from gradsync.elastic.connect_timeout import ConnectTimeout
 from gradsync.elastic.errors import MembershipChanged
 from gradsync.elastic.liveness import lost_mark
 from gradsync.elastic.rounds import Round
@@ -37,6 +39,7 @@ class RoundGroup:
         self._store = store
         self._alarm_store = alarm_store
         self._timeouts = timeouts
+        self._connect_timeout = ConnectTimeout(timeouts.collective)
         self._formed: Round | None = None  # the current round, once its group formed, read by the heartbeat thread
         self._forming: Round | None = None  # the round whose group is being formed, read by the heartbeat thread
         self._excepthook = sys.excepthook  # as the process had it, before any round's group wrapped it
@@ -69,6 +72,21 @@ class RoundGroup:
         self._formed = round_
 
     def _init_group(self, round_: Round) -> None:
+        """Connect within :class:`~.connect_timeout.ConnectTimeout`'s bound (a member lost after the gate opened
+        costs that, not the collective timeout), then give the group the collective timeout."""
+        collective = self._timeouts.collective
+        seconds = self._connect_timeout.seconds() if torch_private.group_timeout_settable() else collective
+        began = time.monotonic()
+        try:
+            self._connect(round_, seconds)
+        except MembershipChanged:
+            self._connect_timeout.failed()
+            raise
+        self._connect_timeout.connected(time.monotonic() - began)
+        if seconds != collective:
+            torch_private.set_group_timeout(collective)  # before any collective: a stopped member is found within it
+
+    def _connect(self, round_: Round, seconds: float) -> None:
         prefix = dist.PrefixStore(keys.group_prefix(round_.number), self._store)
         # init_process_group wraps sys.excepthook in one that prefixes "[rank<r>]: " to each line, around whatever
         # hook was there: after 40 rounds a worker's traceback bore 40 prefixes, of ranks it no longer had. Each
@@ -80,7 +98,7 @@ class RoundGroup:
                 store=prefix,
                 rank=round_.rank,
                 world_size=round_.world_size,
-                timeout=datetime.timedelta(seconds=self._timeouts.collective),  # a stopped member is found within
+                timeout=datetime.timedelta(seconds=seconds),
             )
         except RuntimeError as exc:
             if not _peer_lost(exc):
@@ -91,7 +109,8 @@ class RoundGroup:
             # failure" (torch/distributed/distributed_c10d.py). A failed init bumps it with no group to destroy:
             # reset it too, or this worker's keys never match the others' again.
             torch_private.reset_group_count()
-            raise MembershipChanged(f"forming round {round_.number}'s group failed: {exc}") from exc
+            bound = f" within its connect bound, {seconds:.2g}s" if seconds < self._timeouts.collective else ""
+            raise MembershipChanged(f"forming round {round_.number}'s group failed{bound}: {exc}") from exc
 
     def call_off_for_suspects(self, suspects: Callable[[Collection[int]], dict[int, float]]) -> None:
         """From the heartbeat thread, each beat: a member of the round being formed that ``suspects`` names (its

@@ -53,9 +53,11 @@ from gradsync.torch_private.distributed import (
     backend_timeout_seconds,
     default_store,
     first_bucket_bytes,
+    group_timeout_settable,
     is_torch_future,
     privateuse1_backend_name,
     reset_group_count,
+    set_group_timeout,
 )
 from gradsync.torch_private.dynamo import import_dynamo, optimize_ddp_mode
 from gradsync.torch_private.foreach import _copy_each, _mul_each, foreach_copy_, foreach_mul_
@@ -85,6 +87,7 @@ __all__ = [
     "foreach_copy_",
     "foreach_mul_",
     "grad_version",
+    "group_timeout_settable",
     "hooks_run_for_undefined_gradients",
     "import_dynamo",
     "is_torch_future",
@@ -93,6 +96,7 @@ __all__ = [
     "privateuse1_backend_name",
     "queue_backward_callback",
     "reset_group_count",
+    "set_group_timeout",
 ]
 
 warn_missing()  # here, so that the warning names the module that imported gradsync.torch_private

@@ -1,8 +1,10 @@
-"""torch.distributed's private names: the default group's store and group counter, a backend's timeout, DDP's
-first-bucket size, the class of the futures comm hooks return, and the device name a custom accelerator
-registered (which ``gradsync run --nproc-per-node`` accepts, as torchrun does)."""
+"""torch.distributed's private names: the default group's store and group counter, a backend's timeout, setting a
+formed group's timeout, DDP's first-bucket size, the class of the futures comm hooks return, and the device name a
+custom accelerator registered (which ``gradsync run --nproc-per-node`` accepts, as torchrun does)."""
 
 from __future__ import annotations
+
+import datetime
 
 import torch
 import torch.distributed as dist
@@ -40,6 +42,19 @@ def reset_group_count() -> None:
     if world is None or not hasattr(world, "group_count"):
         raise needed("torch.distributed.distributed_c10d._world.group_count")
     world.group_count = 0
+
+
+def group_timeout_settable() -> bool:
+    """Whether :func:`set_group_timeout` works in this torch: run in 2.13.0 (tests/test_torch_private.py: a gloo
+    collective outlives the timeout the group formed with). Not before: torch 2.9 gave gloo per-operation timeouts
+    (pytorch/pytorch#158128), after which its operations ignored a timeout set later until pytorch/pytorch#167052."""
+    return hasattr(dist.distributed_c10d, "_set_pg_timeout") and torch.__version__ >= "2.13"
+
+
+def set_group_timeout(seconds: float) -> None:
+    """Set the default group's collective timeout after it formed, where :func:`group_timeout_settable`
+    (``distributed_c10d._set_pg_timeout``; run in 2.13.0)."""
+    dist.distributed_c10d._set_pg_timeout(datetime.timedelta(seconds=seconds))
 
 
 def backend_timeout_seconds(group: dist.ProcessGroup, device: torch.device) -> float | None:

@@ -137,6 +137,17 @@ PRIVATE_NAMES: tuple[PrivateName, ...] = (
         attribute("torch.distributed.distributed_c10d._world.group_count"),
     ),
     PrivateName(
+        "torch.distributed.distributed_c10d._set_pg_timeout",
+        ("gradsync/elastic/round_group.py",),
+        "a round's group connects with a timeout of its own, the connects measured, then takes the collective one",
+        ("2.13.0",),
+        "run in 2.13.0 (tests/test_torch_private.py: a gloo collective outlives the timeout its group formed with); "
+        "used from 2.13 only: gloo's operations ignored it from 2.9 (pytorch/pytorch#158128) until #167052",
+        attribute("torch.distributed.distributed_c10d._set_pg_timeout"),
+        fallback="the round's group connects with the collective timeout",
+        seam="speed",
+    ),
+    PrivateName(
         "ProcessGroup._get_backend(device).options._timeout",
         ("gradsync/collectives/communicator.py",),
         "the collective timeout the backend enforces, which bounds gradsync's own waits on hook futures",

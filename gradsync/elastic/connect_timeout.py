@@ -1,0 +1,47 @@
+"""How long a round's group may take to connect once its gate opened: a few times the slowest connect this process
+measured, not the collective timeout.
+
+The gate (:mod:`.formation`) opens once every member arrived, and a member lost before it calls the round off at
+once. One lost in the milliseconds after, inside ``init_process_group``, left the others waiting for its address
+until the group's timeout: the 8-host chaos soak's one pause over 3 s that no partition caused (three kills within
+0.31 s, 4.37 s at a 5 s timeout). Connecting takes milliseconds at 8 members, but grows with the members and the
+store's load (each member reads every other's address), so no constant fits: the bound is ``MARGIN`` times the
+slowest connect measured here, at least ``FLOOR_S``, at most the collective timeout. A process that measured none
+yet (a job's first round, a joiner's), and one whose last connect failed (a store too slow for the bound, rather
+than a member lost), waits the whole collective timeout, so that a slow store costs one round, never a livelock.
+The group then takes the collective timeout for its collectives (``torch_private.set_group_timeout``); where torch
+cannot set it, the connect keeps the collective timeout too.
+
+Example::
+
+    clock = ConnectTimeout(collective=5.0)
+    clock.seconds()          # 5.0: nothing measured yet
+    clock.connected(0.02)
+    clock.seconds()          # 1.0: FLOOR_S, above 4 x 0.02 s
+"""
+
+from __future__ import annotations
+
+FLOOR_S = 1.0  # a lost member costs this much and a round more (~0.3 s): within the 1.5 s goal's reach
+MARGIN = 4.0  # over the slowest connect measured: a store busier than then still connects
+
+
+class ConnectTimeout:
+    """The connect's bound for the next round's group, from the connects of this process (see the module)."""
+
+    def __init__(self, collective: float) -> None:
+        self._collective = collective
+        self._slowest: float | None = None
+
+    def seconds(self) -> float:
+        if self._slowest is None:
+            return self._collective
+        return min(self._collective, max(FLOOR_S, MARGIN * self._slowest))
+
+    def connected(self, seconds: float) -> None:
+        """A connect took ``seconds``."""
+        self._slowest = max(seconds, self._slowest or 0.0)
+
+    def failed(self) -> None:
+        """A connect failed: the next one waits the collective timeout (it may have been the store, not a member)."""
+        self._slowest = None
