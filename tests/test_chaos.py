@@ -10,7 +10,15 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from bench.elastic.chaos import alone, alone_by_kind, pauses, percentile, summarize  # noqa: E402
+from bench.elastic.chaos import (  # noqa: E402
+    alone,
+    alone_by_kind,
+    clear_by_kind,
+    clear_of_partitions,
+    pauses,
+    percentile,
+    summarize,
+)
 from bench.elastic.scale import check_models  # noqa: E402
 from lab import chaos, etcd_cluster  # noqa: E402
 
@@ -47,6 +55,15 @@ def test_a_fault_stands_alone_only_without_a_partition_in_reach_or_another_fault
         "pause p50 s": 0.5,
         "pause p99 s": 0.7,
         "pause max s": 0.7,
+    }
+
+    # Clear of partitions: every fault but the link and the sigkill 10 s after it, bursts included.
+    assert clear_of_partitions(listed) == [True, False, False, True, True, True, True, True]
+    assert clear_by_kind(listed)["sigkill"] == {
+        "faults": 4,
+        "pause p50 s": 0.6,
+        "pause p99 s": 4.0,
+        "pause max s": 4.0,
     }
 
 

@@ -5,6 +5,8 @@ launcher writes when its worker exits (liveness.mark_exited)."""
 from __future__ import annotations
 
 import json
+import logging
+import re
 import threading
 import time
 from collections.abc import Iterator
@@ -19,6 +21,7 @@ from gradsync.elastic.liveness import beat_since, lost_mark, mark_exited
 from gradsync.elastic.membership import Membership
 from gradsync.elastic.rounds import SETTLE_S
 from gradsync.elastic.timeouts import Timeouts
+from gradsync.errors import GradsyncError
 from gradsync.launch.elastic import Job
 from gradsync.polling import wait_until
 
@@ -150,6 +153,27 @@ def test_a_joiner_and_the_launchers_stop_when_every_member_holding_the_state_exi
     job = Job(store, "test", hosting=True)
     job.look()
     assert job.state_lost is not None and "Restart the job from its last checkpoint" in job.state_lost
+
+
+@pytest.mark.timeout(60)
+def test_a_joiner_says_who_it_waits_for_when_every_state_holder_went_silent(
+    store: dist.Store, workers: list, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The 8-host chaos lab's first run: a round of 1 whose host was lost whole (no launcher left to report the
+    exit), and every joiner waited out its 600 s admission without a word. Silence stops nothing (a member cut off
+    may come back with the state), but the joiner says whom it waits for and until when, and its error says why."""
+    _first_round(store, workers, 2)
+    for worker in workers:
+        worker.stop()  # their heartbeats stop and no exit is reported: their hosts were lost whole
+    joiner = Membership(store, store, Timeouts(heartbeat=1.0, collective=1.0, admission=4.0))
+    workers.append(joiner)
+    joiner.request_to_join()
+    lost = r"every member of round 1 \(workers 1, 2\), which hold the job's training state, has been silent for \d+s"
+    with caplog.at_level(logging.WARNING, logger="gradsync"):
+        with pytest.raises(GradsyncError, match=rf"not admitted within 4s .*: {lost}.*restart the job from its last"):
+            joiner.next_round()
+    said = [r.getMessage() for r in caplog.records if "waits to join" in r.getMessage()]
+    assert len(said) == 1 and re.search(lost, said[0]) and "admission timeout (4s" in said[0], said
 
 
 @pytest.mark.timeout(60)

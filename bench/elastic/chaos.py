@@ -10,7 +10,8 @@ host; the job finished. Reported: faults injected by kind, steps committed over 
 a step a fault aborted is attempted, not committed), the pause after each fault (the longest wait between two of the
 job's committed steps before the next fault, at most ``WINDOW_S``) as p50/p95/p99/max by kind, the time until a
 victim's host trains again, and the CPU the run used; then the same pauses for the faults that stood alone, with no
-partition in reach (:func:`alone`). Writes ``bench/results/chaos-<seed>[-etcd].json`` and ``.png``;
+partition in reach (:func:`alone`), and for every fault clear of partitions, bursts included
+(:func:`clear_of_partitions`). Writes ``bench/results/chaos-<seed>[-etcd].json`` and ``.png``;
 ``--reread bench/results/chaos-1.json`` prints an earlier run's summary again.
 """
 
@@ -102,15 +103,34 @@ def alone(pauses: Sequence[dict]) -> list[bool]:
     ]
 
 
+def clear_of_partitions(pauses: Sequence[dict]) -> list[bool]:
+    """Per fault: whether it is no partition and none began within ``PARTITION_REACH_S`` before it, whatever else
+    landed with it (bursts of kills and stops included). The issue's goal is for these; a fault within a partition's
+    reach waits for the cut-off member's heartbeat timeout, the partition's own bound."""
+    partitions = [p["t"] for p in pauses if p["kind"] in PARTITIONS]
+    return [
+        p["kind"] not in PARTITIONS and not any(0 <= p["t"] - t <= PARTITION_REACH_S for t in partitions)
+        for p in pauses
+    ]
+
+
 def alone_by_kind(pauses: Sequence[dict]) -> dict[str, dict]:
     """The pauses of the faults that stood alone (:func:`alone`), by kind: what one fault costs by itself."""
-    flags = alone(pauses)
+    return _by_kind(pauses, alone(pauses), "alone")
+
+
+def clear_by_kind(pauses: Sequence[dict]) -> dict[str, dict]:
+    """The pauses of the faults clear of partitions (:func:`clear_of_partitions`), by kind."""
+    return _by_kind(pauses, clear_of_partitions(pauses), "faults")
+
+
+def _by_kind(pauses: Sequence[dict], chosen: Sequence[bool], counted: str) -> dict[str, dict]:
     out: dict[str, dict] = {}
     for kind in sorted({p["kind"] for p in pauses}):
-        mine = [p["pause s"] for p, a in zip(pauses, flags) if a and p["kind"] == kind]
+        mine = [p["pause s"] for p, c in zip(pauses, chosen) if c and p["kind"] == kind]
         if mine:
             out[kind] = {
-                "alone": len(mine),
+                counted: len(mine),
                 "pause p50 s": percentile(mine, 50),
                 "pause p99 s": percentile(mine, 99),
                 "pause max s": max(mine),
@@ -166,6 +186,7 @@ def summarize(result: chaos.ChaosRun, cpu_s: float, wall_s: float) -> dict:
         "by kind": by_kind,
         "pauses": listed,
         "alone by kind": alone_by_kind(listed),
+        "clear of partitions by kind": clear_by_kind(listed),
         "cpu used": cpu_s / (wall_s * (os.cpu_count() or 1)),
         "wall s": wall_s,
     }
@@ -209,7 +230,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.reread is not None:
         earlier = json.loads(args.reread.read_text())
-        print(report(earlier | {"alone by kind": alone_by_kind(earlier["pauses"])}))
+        pauses = earlier["pauses"]
+        print(
+            report(
+                earlier | {"alone by kind": alone_by_kind(pauses), "clear of partitions by kind": clear_by_kind(pauses)}
+            )
+        )
         return 0
     missing = netlab.available() or (etcd_cluster.available() if args.store == "etcd" else None)
     if missing is not None:
@@ -258,6 +284,12 @@ def report(summary: dict) -> str:
     for kind, k in summary.get("alone by kind", {}).items():
         lines.append(
             f"{kind:8s} {k['alone']:6d} {k['pause p50 s']:6.2f} {k['pause p99 s']:6.2f} {k['pause max s']:6.2f}"
+        )
+    lines.append(f"clear of partitions (none begun within {PARTITION_REACH_S:.0f} s before; bursts included):")
+    lines.append(f"{'kind':8s} {'faults':>6s} {'p50':>6s} {'p99':>6s} {'max':>6s}")
+    for kind, k in summary.get("clear of partitions by kind", {}).items():
+        lines.append(
+            f"{kind:8s} {k['faults']:6d} {k['pause p50 s']:6.2f} {k['pause p99 s']:6.2f} {k['pause max s']:6.2f}"
         )
     return "\n".join(lines)
 

@@ -56,6 +56,14 @@ def find_state_lost(store: dist.Store) -> str | None:
     return store.compare_set(keys.STATE_LOST, "", why).decode()
 
 
+def state_holders(store: dist.Store) -> tuple[int, list[int]] | None:
+    """The latest round formed and its members, who hold the job's state; None before the first."""
+    latest = _latest_round(store)
+    if latest is None or not isinstance(latest[1], list) or not latest[1]:
+        return None
+    return latest[0], latest[1]
+
+
 def everyone_finished(store: dist.Store) -> bool:
     """Whether every member of the latest round reported its training finished (the store's host may close)."""
     latest = _latest_round(store)

@@ -24,6 +24,7 @@ from gradsync.elastic import keys
 from gradsync.elastic.errors import JobFinished, JobStateLost, MembershipChanged
 from gradsync.elastic.job_status import find_state_lost, job_running
 from gradsync.elastic.liveness import SUSPECT_BEATS, Liveness, beat_since
+from gradsync.elastic.silent_holders import SilentHolders
 from gradsync.elastic.timeouts import Timeouts
 from gradsync.errors import GradsyncError
 from gradsync.log import log
@@ -61,6 +62,7 @@ class Rounds:
         self._timeouts = timeouts
         self._tried = 0  # the last round number this worker registered for
         self._awaited: tuple[int, int] | None = None  # (round, its leader) this member waits on, for the beat thread
+        self._silent = SilentHolders(store, liveness, me)  # a joiner's word on state holders gone silent
 
     def first(self, expected: int, seconds: float) -> list[int]:
         """Round 1's members: the first worker to arrive waits for ``expected`` in all (at most ``seconds``). A
@@ -143,10 +145,15 @@ class Rounds:
             log.warning("gradsync elastic: worker %d is not in round %d: %s; asking again", self._me, number, said)
 
     def _not_admitted(self) -> GradsyncError:
+        silent = self._silent.why()
+        why = (
+            f"{silent}. If none can come back, the job's state is lost: restart the job from its last checkpoint"
+            if silent
+            else "the members reached no step boundary meanwhile, or kept forming rounds without it"
+        )
         return GradsyncError(
             f"worker {self._me} was not admitted within {self._timeouts.admission:.0f}s "
-            "(GRADSYNC_ELASTIC_ADMISSION_TIMEOUT): the members reached no step boundary meanwhile, or kept forming "
-            "rounds without it"
+            f"(GRADSYNC_ELASTIC_ADMISSION_TIMEOUT): {why}"
         )
 
     def _listing(self, number: int, deadline: float) -> list[int] | None:
@@ -163,6 +170,7 @@ class Rounds:
                 looked[0] = time.monotonic()
                 if (why := find_state_lost(self._store)) is not None:
                     raise JobStateLost(f"worker {self._me} cannot join: {why}")
+                self._silent.look(self._timeouts.admission)
             if self._store.check([keys.members(number)]):
                 found.append(self._read_members(number))
             elif self._store.check([keys.leader(number + 1)]):
