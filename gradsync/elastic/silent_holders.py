@@ -44,7 +44,8 @@ class SilentHolders:
         if holders is None:
             return ""
         number, members = holders
-        if any(self._liveness.alive(m) for m in members):  # a member watched from now is alive for a timeout
+        # Every member asked, not the first alive only: one watched from now counts alive for a timeout.
+        if any([self._liveness.alive(m) for m in members]):
             return ""
         silent_s = min(self._liveness.still_for(m) for m in members)
         return (
