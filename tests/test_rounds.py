@@ -80,6 +80,24 @@ def test_a_round_whose_leader_dies_deciding_is_abandoned_at_once(store: dist.Sto
     assert rounds == {1: [1, 2], 2: [1, 2]}
 
 
+@pytest.mark.timeout(60)
+def test_a_round_whose_leader_is_lost_with_its_host_is_abandoned_once_its_heartbeat_stood_still(
+    store: dist.Store, workers: list
+) -> None:
+    """The 8-host soak at 70e2da7: a round's leader lost with its host (no launcher left to report the exit) kept
+    its members waiting the heartbeat timeout, 5.4 s, 4 times. Its heartbeat standing still for 3 beats is enough."""
+    _first_round(store, workers, 3)
+    survivor, _, leader = workers
+    store.set(keys.registered(2, leader.me), "0")
+    assert store.compare_set(keys.leader(2), "", str(leader.me)) == str(leader.me).encode()
+    leader.stop()  # lost with its host: its heartbeat stops, and no exit is reported
+    start = time.monotonic()
+    with pytest.raises(MembershipChanged, match="its leader, worker 3, whose heartbeat stood still for 0.[0-9]s"):
+        survivor.next_round(steps=5)
+    waited = time.monotonic() - start
+    assert waited < 1.5, f"waited {waited:.1f}s for a silent leader (heartbeat timeout: {TIMEOUTS.heartbeat:g}s)"
+
+
 def _agree(worker: Membership, tries: int = 3):
     """What elastic.run's recovery does: the next round, again while rounds are abandoned."""
     for _ in range(tries - 1):

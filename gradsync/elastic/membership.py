@@ -193,8 +193,9 @@ class Membership:
 
     def _each_beat(self, store: dist.Store) -> None:
         """From the heartbeat thread, each beat: a round being formed with a member that looks dead is called off,
-        and the admission announcement is looked for."""
+        a round whose leader looks dead is abandoned, and the admission announcement is looked for."""
         self._group.call_off_for_suspects(self.liveness.suspects)
+        self._rounds.abandon_if_leader_suspected(store)
         self._look_for_admission(store)
 
     def _look_for_admission(self, store: dist.Store) -> None:

@@ -119,6 +119,20 @@ class Rounds:
         verdict = {ABANDONED: f"its leader, worker {member}, {why}"}
         store.compare_set(keys.members(awaited[0]), "", json.dumps(verdict))
 
+    def abandon_if_leader_suspected(self, store: dist.Store) -> None:
+        """From the heartbeat thread, each beat: the leader this member waits on, if its heartbeat stood still for
+        ``SUSPECT_BEATS`` beats, has its round abandoned now (:meth:`abandon`), not at the heartbeat timeout: a
+        leader lost with its host (no launcher left to report the exit) kept its members waiting that whole
+        timeout (the 8-host soak: 4 rounds, 5.4 s each). A live leader wrongly suspected loses the list's
+        ``compare_set`` and tries the next number with the others: one more round, never a wrong one."""
+        awaited = self._awaited
+        if awaited is None:
+            return
+        leader = awaited[1]
+        still = self._liveness.suspects([leader]).get(leader)
+        if still is not None:
+            self.abandon(store, leader, f"whose heartbeat stood still for {still:.1f}s as it decided")
+
     def join(self) -> tuple[int, list[int]]:
         """A joiner registers for the round after the latest formed, and follows the members to the next number
         when they move past that round without naming it (its leader died); the members admit it at a step
