@@ -50,8 +50,8 @@ class SilentHolders:
         silent_s = min(self._liveness.still_for(m) for m in members)
         return (
             f"every member of round {number} (workers {', '.join(map(str, members))}), which hold the job's training "
-            f"state, has been silent for {silent_s:.0f}s (no heartbeat, and no exit reported): their hosts may be "
-            "lost, or cut off"
+            f"state, has been silent for {silent_s:.0f}s at least (no heartbeat; not every one's exit was reported): "
+            "their hosts may be lost, or cut off"
         )
 
     def look(self, admission_s: float) -> None:

@@ -31,6 +31,7 @@ import torch.distributed as dist
 from gradsync.checkpoint import rng_state, set_rng_state
 from gradsync.collectives.communicator import Communicator, Op
 from gradsync.elastic.errors import JobFinished, MembershipChanged
+from gradsync.elastic.futile import MAX_FUTILE, FutileRecoveries
 from gradsync.elastic.loader import ElasticLoader
 from gradsync.elastic.membership import Membership
 from gradsync.errors import CollectiveError, ConfigError, GradsyncError
@@ -38,7 +39,7 @@ from gradsync.log import log
 
 T = TypeVar("T")
 REJOIN_VARIABLE = "GRADSYNC_ELASTIC_REJOIN"  # set by the launcher on a restarted worker
-MAX_FUTILE_RECOVERIES = 5  # recoveries in a row without a committed step: give up
+MAX_FUTILE_RECOVERIES = MAX_FUTILE  # a group formed at most this often in a row at init (futile.py at recovery)
 
 
 @dataclass(frozen=True)
@@ -101,7 +102,7 @@ class State:
         self.counters = dict(counters)
         self.steps = 0  # committed steps
         self.recoveries: list[Recovery] = []
-        self._futile, self._recovered_at = 0, -1
+        self._futile = FutileRecoveries(job.timeout)
         self._started = False  # begin() ran start() (a joiner receives the state there)
         self._sharded = hasattr(optimizer, "reshard")  # ShardedOptimizer: its state is re-partitioned
 
@@ -130,11 +131,11 @@ class State:
             raise MembershipChanged("admitting a worker that asked to join")
 
     def count_recovery(self, failure: BaseException) -> None:
-        """Give up after MAX_FUTILE_RECOVERIES membership changes in a row without a committed step."""
-        self._futile = self._futile + 1 if self.steps == self._recovered_at else 1
-        self._recovered_at = self.steps
-        if self._futile > MAX_FUTILE_RECOVERIES:
-            raise GradsyncError(f"{self._futile} membership changes without a committed step: giving up") from failure
+        """Give up after more than MAX_FUTILE_RECOVERIES membership changes in a row without a committed step, over
+        6 heartbeat timeouts at least (:mod:`gradsync.elastic.futile`: not within a burst of faults)."""
+        why = self._futile.count(self.steps, time.monotonic())
+        if why is not None:
+            raise GradsyncError(f"{why}: giving up") from failure
 
     # ----------------------------------------------------------------------- your own loop's shape
     def begin(self) -> None:
