@@ -319,10 +319,16 @@ def training_pid(out: Path, host: str, since: float, timeout: float = 60) -> int
 
 
 def inject(fault: str, host, pid: int, seconds: float = 8.0) -> None:
+    """Inject ``fault`` into the worker ``pid`` on ``host``. A worker that exited between being chosen and signalled
+    (a fault before this one ended it) takes no fault: the 8-host soak's lab once died on that race."""
     if fault == "sigkill":
-        os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
     elif fault == "sigstop":
-        os.kill(pid, signal.SIGSTOP)
+        try:
+            os.kill(pid, signal.SIGSTOP)
+        except ProcessLookupError:
+            return
         time.sleep(seconds)
         with contextlib.suppress(ProcessLookupError):  # its launcher killed it (gradsync/launch/stopped.py)
             os.kill(pid, signal.SIGCONT)
