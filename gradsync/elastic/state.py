@@ -22,7 +22,7 @@ import contextlib
 import functools
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import torch
@@ -34,6 +34,7 @@ from gradsync.elastic.errors import JobFinished, MembershipChanged
 from gradsync.elastic.futile import MAX_FUTILE, FutileRecoveries
 from gradsync.elastic.loader import ElasticLoader
 from gradsync.elastic.membership import Membership
+from gradsync.elastic.phases import Phases
 from gradsync.errors import CollectiveError, ConfigError, GradsyncError
 from gradsync.log import log
 
@@ -57,6 +58,7 @@ class Recovery:
     world_before: int
     world_after: int
     seconds: float
+    phases: dict[str, float] = field(default_factory=dict)  # seconds in each phase (gradsync/elastic/phases.py)
 
 
 class State:
@@ -102,6 +104,7 @@ class State:
         self.counters = dict(counters)
         self.steps = 0  # committed steps
         self.recoveries: list[Recovery] = []
+        self._recovery_phases: Phases | None = None  # the last recovery's, for its failure's line
         self._futile = FutileRecoveries(job.timeout)
         self._started = False  # begin() ran start() (a joiner receives the state there)
         self._sharded = hasattr(optimizer, "reshard")  # ShardedOptimizer: its state is re-partitioned
@@ -199,25 +202,40 @@ class State:
         """Form the next round with the live workers (and any waiting to join), then carry on from there."""
         assert self.job.round is not None
         start, before = time.monotonic(), self.job.round.world_size
-        self.job.leave_group()  # first: the members still inside the failed collective then fail at once
-        round_ = self.job.next_round(self.steps)
-        self.job.form_group(round_)
-        # The same collectives, in the same order, as a newly started worker's constructors, then the state.
-        self.model.rebuild_for_new_group()
-        if self._sharded:
-            self.optimizer.verify_parameters()  # type: ignore[attr-defined]
-        self._sync()
+        clock = self._recovery_phases = Phases()
+        with clock.phase("leave"):
+            self.job.leave_group()  # first: the members still inside the failed collective then fail at once
+        with clock.phase("round"):
+            round_ = self.job.next_round(self.steps)
+        with clock.phase("group"):
+            self.job.form_group(round_)
+        with clock.phase("rebuild"):
+            # The same collectives, in the same order, as a newly started worker's constructors, then the state.
+            self.model.rebuild_for_new_group()
+            if self._sharded:
+                self.optimizer.verify_parameters()  # type: ignore[attr-defined]
+        with clock.phase("state"):
+            self._sync()
         seconds = time.monotonic() - start
         why = str(reason).splitlines()[0][:200]
-        self.recoveries.append(Recovery(self.steps, why, before, round_.world_size, seconds))
+        self.recoveries.append(Recovery(self.steps, why, before, round_.world_size, seconds, clock.seconds()))
         log.warning(
-            "gradsync elastic: %d -> %d workers at step %d in %.2fs (%s)",
+            "gradsync elastic: %d -> %d workers at step %d in %.2fs: %s (%s)",
             before,
             round_.world_size,
             self.steps,
             seconds,
+            clock.describe(),
             why,
         )
+
+    def failed_recovery(self) -> str:
+        """Where the last recovery failed, and the seconds each phase took until then: ``"in its group, after
+        leave 0.01s, round 0.20s, group 1.00s"``."""
+        clock = self._recovery_phases
+        if clock is None or clock.failed_in is None:
+            return "before it began"
+        return f"in its {clock.failed_in}, after {clock.describe()}"
 
     def _sync(self) -> None:
         """Rank 0's state everywhere: optimizer, data position, counters, RNG (a joiner's only source)."""
@@ -298,7 +316,8 @@ def _recover(state: State, failure: BaseException) -> bool:
             state.recover(failure)
             return True
         except RECOVERABLE as exc:
-            log.warning("gradsync elastic: recovery at step %d failed (%s); trying again", state.steps, exc)
+            where = state.failed_recovery()
+            log.warning("gradsync elastic: recovery at step %d failed %s (%s); trying again", state.steps, where, exc)
             failure = exc
         except JobFinished as done:
             state.job.finish_without_me(done)
