@@ -161,10 +161,11 @@ class Membership:
         """A joiner enters the first round that lists it (:meth:`Rounds.join`)."""
         return self._enter(*self._rounds.join())
 
-    def leave_group(self) -> None:
-        """Close the current round's group now (:meth:`RoundGroup.leave`): the members still inside its failed
-        collective fail at once instead of at the group's timeout."""
-        self._group.leave()
+    def leave_group(self, failure: BaseException | None = None) -> None:
+        """Close the current round's group now (:meth:`RoundGroup.leave`), after ``failure``, the error that ended
+        it, let go of it: the members still inside its failed collective fail at once instead of at the group's
+        timeout."""
+        self._group.leave(failure)
 
     def form_group(self, round_: Round) -> None:
         """A fresh default process group for ``round_`` (the previous one, if any, is destroyed first)."""

@@ -204,7 +204,7 @@ class State:
         start, before = time.monotonic(), self.job.round.world_size
         clock = self._recovery_phases = Phases()
         with clock.phase("leave"):
-            self.job.leave_group()  # first: the members still inside the failed collective then fail at once
+            self.job.leave_group(reason)  # first: the members still inside the failed collective then fail at once
         with clock.phase("round"):
             round_ = self.job.next_round(self.steps)
         with clock.phase("group"):
