@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 
 from gradsync import torch_private
-from gradsync.elastic import formation
+from gradsync.elastic import formation, keys
 from gradsync.elastic.connect_timeout import FLOOR_S, MARGIN, ConnectTimeout
 from gradsync.elastic.errors import MembershipChanged
 from gradsync.elastic.liveness import SUSPECT_BEATS, Liveness
@@ -244,6 +244,41 @@ def test_the_connects_bound_is_a_few_measured_connects_and_the_whole_timeout_unt
     assert clock.seconds() == 5.0
     clock.connected(0.01)
     assert clock.seconds() == FLOOR_S
+
+
+def test_a_process_with_nothing_measured_starts_from_the_members_published_connect() -> None:
+    clock = ConnectTimeout(collective=5.0)
+    assert clock.fresh()
+    clock.start_from(0.5)  # a joiner: the slowest connect the members published
+    assert clock.seconds() == MARGIN * 0.5 and not clock.fresh()
+    clock.failed()
+    clock.start_from(0.01)  # after a failure the next connect waits the whole timeout, whatever was published
+    assert clock.seconds() == 5.0
+    assert ConnectTimeout(5.0).connected(0.2) is True  # the slowest so far: worth publishing
+    measured = ConnectTimeout(5.0)
+    measured.connected(0.2)
+    assert measured.connected(0.1) is False
+
+
+@pytest.mark.timeout(30)
+def test_a_joiner_lost_member_costs_the_members_connect_bound_not_the_timeout() -> None:
+    """The soak: a member lost as a round formed; the members' connects gave up after 1 s, a fresh joiner's after
+    the whole 5 s, and the next round's leader, which waits for every live member, waited for it (4.0 s). A joiner
+    starts from the connect the members published."""
+    if not torch_private.group_timeout_settable():
+        pytest.skip(f"torch {torch.__version__} cannot set a formed group's timeout: it connects with that one")
+    store = dist.HashStore()
+    timeouts = Timeouts(heartbeat=5.0, collective=10.0, admission=60.0)
+    member = RoundGroup(store, timeouts, alarm_store=store)
+    member.form(Round(1, [4], 4))  # its connect, in milliseconds, published
+    member.leave()
+    assert float(store.get(keys.CONNECT_SLOWEST)) < FLOOR_S
+    joiner = RoundGroup(store, timeouts, alarm_store=store)
+    store.add("gradsync/elastic/round2/arrived", 1)  # worker 5 reached the gate, and was lost before connecting
+    began = time.monotonic()
+    with pytest.raises(MembershipChanged, match="within its connect bound, 1s"):
+        joiner.form(Round(2, [4, 5], 4))
+    assert time.monotonic() - began < FLOOR_S + 1.0
 
 
 @pytest.mark.timeout(30)

@@ -7,8 +7,11 @@ until the group's timeout: the 8-host chaos soak's one pause over 3 s that no pa
 0.31 s, 4.37 s at a 5 s timeout). Connecting takes milliseconds at 8 members, but grows with the members and the
 store's load (each member reads every other's address), so no constant fits: the bound is ``MARGIN`` times the
 slowest connect measured here, at least ``FLOOR_S``, at most the collective timeout. A process that measured none
-yet (a job's first round, a joiner's), and one whose last connect failed (a store too slow for the bound, rather
-than a member lost), waits the whole collective timeout, so that a slow store costs one round, never a livelock.
+yet starts from the slowest connect the members published (``keys.CONNECT_SLOWEST``): a joiner that waited the
+whole timeout for a member lost as it joined held the next round for as long, as its leader waits for every live
+member (the 8-host soak: 4.0 s, where the members' own connects had given up after 1 s). One with nothing to start
+from (the job's first round), and one whose last connect failed (a store too slow for the bound, rather than a
+member lost), waits the whole collective timeout, so that a slow store costs one round, never a livelock.
 The group then takes the collective timeout for its collectives (``torch_private.set_group_timeout``); where torch
 cannot set it, the connect keeps the collective timeout too.
 
@@ -32,16 +35,28 @@ class ConnectTimeout:
     def __init__(self, collective: float) -> None:
         self._collective = collective
         self._slowest: float | None = None
+        self._fresh = True
 
     def seconds(self) -> float:
         if self._slowest is None:
             return self._collective
         return min(self._collective, max(FLOOR_S, MARGIN * self._slowest))
 
-    def connected(self, seconds: float) -> None:
-        """A connect took ``seconds``."""
+    def fresh(self) -> bool:
+        """Nothing connected or failed here yet: :meth:`start_from` applies."""
+        return self._fresh
+
+    def start_from(self, published: float) -> None:
+        """The slowest connect the job's members published, for a process that measured none yet."""
+        if self._fresh:
+            self._slowest, self._fresh = published, False
+
+    def connected(self, seconds: float) -> bool:
+        """A connect took ``seconds``; whether it was the slowest measured (then worth publishing)."""
+        slowest, self._fresh = seconds > (self._slowest or 0.0), False
         self._slowest = max(seconds, self._slowest or 0.0)
+        return slowest
 
     def failed(self) -> None:
         """A connect failed: the next one waits the collective timeout (it may have been the store, not a member)."""
-        self._slowest = None
+        self._slowest, self._fresh = None, False

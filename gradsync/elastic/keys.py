@@ -25,6 +25,7 @@ key                                    meaning                                  
 ``round<k>/group/...``                 round k's process group (torch's own keys)            torch
 ``done``, ``finished``                 the members finished; how many did                    members
 ``state_lost``                         why no worker holds the job's state any more          a joiner or a leader
+``connect_slowest``                    the slowest group connect a member measured (s)       members
 =====================================  ====================================================  =====================
 """
 
@@ -38,6 +39,7 @@ JOIN_REQUESTS = PREFIX + "join_requests"
 DONE = PREFIX + "done"
 FINISHED = PREFIX + "finished"
 STATE_LOST = PREFIX + "state_lost"
+CONNECT_SLOWEST = PREFIX + "connect_slowest"
 
 
 def worker(name: str) -> str:

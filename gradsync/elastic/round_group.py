@@ -109,15 +109,19 @@ class RoundGroup:
     def _init_group(self, round_: Round) -> None:
         """Connect within :class:`~.connect_timeout.ConnectTimeout`'s bound (a member lost after the gate opened
         costs that, not the collective timeout), then give the group the collective timeout."""
-        collective = self._timeouts.collective
-        seconds = self._connect_timeout.seconds() if torch_private.group_timeout_settable() else collective
+        collective, bound = self._timeouts.collective, self._connect_timeout
+        if bound.fresh() and self._store.check([keys.CONNECT_SLOWEST]):
+            bound.start_from(float(self._store.get(keys.CONNECT_SLOWEST)))  # a joiner: the members' measure
+        seconds = bound.seconds() if torch_private.group_timeout_settable() else collective
         began = time.monotonic()
         try:
             self._connect(round_, seconds)
         except MembershipChanged:
-            self._connect_timeout.failed()
+            bound.failed()
             raise
-        self._connect_timeout.connected(time.monotonic() - began)
+        took = time.monotonic() - began
+        if bound.connected(took):
+            self._store.set(keys.CONNECT_SLOWEST, f"{took:.4f}")
         if seconds != collective:
             torch_private.set_group_timeout(collective)  # before any collective: a stopped member is found within it
 
@@ -127,6 +131,7 @@ class RoundGroup:
         # hook was there: after 40 rounds a worker's traceback bore 40 prefixes, of ranks it no longer had. Each
         # round wraps the hook the process started with, once.
         sys.excepthook = self._excepthook
+        began = time.monotonic()
         try:
             dist.init_process_group(
                 "gloo",
@@ -145,7 +150,8 @@ class RoundGroup:
             # reset it too, or this worker's keys never match the others' again.
             torch_private.reset_group_count()
             bound = f" within its connect bound, {seconds:.2g}s" if seconds < self._timeouts.collective else ""
-            raise MembershipChanged(f"forming round {round_.number}'s group failed{bound}: {exc}") from exc
+            took = f" after {time.monotonic() - began:.2f}s"
+            raise MembershipChanged(f"forming round {round_.number}'s group failed{bound}{took}: {exc}") from exc
 
     def call_off_for_suspects(self, suspects: Callable[[Collection[int]], dict[int, float]]) -> None:
         """From the heartbeat thread, each beat: a member of the round being formed that ``suspects`` names (its
