@@ -110,7 +110,8 @@ def test_a_peer_gloo_cannot_reach_as_the_group_forms_is_a_membership_change_not_
         raise RuntimeError(unreachable)
 
     monkeypatch.setattr(dist, "init_process_group", fails)
-    with pytest.raises(MembershipChanged, match="forming round 7's group failed after [0-9.]+s: Gloo connectFullMesh failed"):
+    failed = "forming round 7's group failed after [0-9.]+s: Gloo connectFullMesh failed"
+    with pytest.raises(MembershipChanged, match=failed):
         group.form(round_)
 
     def misconfigured(*args: object, **kwargs: object) -> None:
