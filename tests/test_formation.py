@@ -277,7 +277,7 @@ def test_a_joiner_lost_member_costs_the_members_connect_bound_not_the_timeout() 
     joiner = RoundGroup(store, timeouts, alarm_store=store)
     store.add("gradsync/elastic/round2/arrived", 1)  # worker 5 reached the gate, and was lost before connecting
     began = time.monotonic()
-    with pytest.raises(MembershipChanged, match="within its connect bound, 1s"):
+    with pytest.raises(MembershipChanged, match="within its connect bound, 0.2s"):
         joiner.form(Round(2, [4, 5], 4))
     assert time.monotonic() - began < FLOOR_S + 1.0
 
@@ -297,9 +297,33 @@ def test_a_member_lost_after_the_gate_opened_costs_the_connects_bound_not_the_co
         assert torch_private.backend_timeout_seconds(dist.group.WORLD, torch.device("cpu")) == 10.0
         store.add("gradsync/elastic/round3/arrived", 1)  # worker 5 reached the gate, and was lost before connecting
         began = time.monotonic()
-        with pytest.raises(MembershipChanged, match="forming round 3's group failed within its connect bound, 1s"):
+        with pytest.raises(MembershipChanged, match="forming round 3's group failed within its connect bound, 0.2s"):
             group.form(Round(3, [4, 5], 4))
         waited = time.monotonic() - began
         assert FLOOR_S <= waited < FLOOR_S + 1.0, f"waited {waited:.1f}s for the lost member (collective: 10 s)"
+    finally:
+        group.leave()
+
+
+@pytest.mark.timeout(30)
+def test_a_connect_failed_while_a_member_was_seen_gone_keeps_its_bound() -> None:
+    """A failed connect waits the whole timeout next time, in case the store, not a member, was too slow; but one
+    failed while the heartbeat thread saw a member of the round gone is explained: the soak's second member lost in
+    the round after such a failure cost 5 s instead of the bound."""
+    if not torch_private.group_timeout_settable():
+        pytest.skip(f"torch {torch.__version__} cannot set a formed group's timeout: it connects with that one")
+    store = dist.HashStore()
+    group = RoundGroup(store, Timeouts(heartbeat=5.0, collective=10.0, admission=60.0), alarm_store=store)
+    try:
+        group.form(Round(1, [4], 4))
+        for number, lost in ((2, 5), (3, 6)):  # each a member at the gate, then lost before connecting
+            store.add(f"gradsync/elastic/round{number}/arrived", 1)
+            seen = threading.Timer(0.05, group.tell_members, args=(lost, "exited (its launcher saw it)", 3))
+            seen.start()
+            began = time.monotonic()
+            with pytest.raises(MembershipChanged, match="within its connect bound"):
+                group.form(Round(number, [4, lost], 4))
+            seen.join()
+            assert time.monotonic() - began < FLOOR_S + 1.0, f"round {number} waited past its bound"
     finally:
         group.leave()

@@ -6,12 +6,18 @@ once. One lost in the milliseconds after, inside ``init_process_group``, left th
 until the group's timeout: the 8-host chaos soak's one pause over 3 s that no partition caused (three kills within
 0.31 s, 4.37 s at a 5 s timeout). Connecting takes milliseconds at 8 members, but grows with the members and the
 store's load (each member reads every other's address), so no constant fits: the bound is ``MARGIN`` times the
-slowest connect measured here, at least ``FLOOR_S``, at most the collective timeout. A process that measured none
-yet starts from the slowest connect the members published (``keys.CONNECT_SLOWEST``): a joiner that waited the
-whole timeout for a member lost as it joined held the next round for as long, as its leader waits for every live
-member (the 8-host soak: 4.0 s, where the members' own connects had given up after 1 s). One with nothing to start
-from (the job's first round), and one whose last connect failed (a store too slow for the bound, rather than a
-member lost), waits the whole collective timeout, so that a slow store costs one round, never a livelock.
+slowest connect measured here, at least ``FLOOR_S``, at most the collective timeout. It is the group's timeout while
+it connects, which bounds the wait for each member's address in the store; gloo waits ``PEER_CONNECT_FACTOR``
+times as long for a member that posted its address to connect (its tcp ``Pair`` "uses a longer timeout when
+waiting for initial connect"), so a member lost after posting costs ``FLOOR_S x 5``, 1 s (the soak: 5 s, with a
+1 s bound, before the floor was divided by that factor). A process that measured none yet starts from the slowest
+connect the members published (``keys.CONNECT_SLOWEST``): a joiner that waited the whole timeout for a member lost
+as it joined held the next round for as long, as its leader waits for every live member (the 8-host soak: 4.0 s,
+where the members' own connects had given up after 1 s). One with nothing to start from (the job's first round),
+and one whose last connect failed with no member seen gone or still meanwhile (a store too slow for the bound,
+rather than a member lost), waits the whole collective timeout, so that a slow store costs one round, never a
+livelock. A connect that failed while a member was seen gone keeps its bound: in the soak, a second member lost
+in the round after such a failure cost the whole timeout, 5 s.
 The group then takes the collective timeout for its collectives (``torch_private.set_group_timeout``); where torch
 cannot set it, the connect keeps the collective timeout too.
 
@@ -20,12 +26,13 @@ Example::
     clock = ConnectTimeout(collective=5.0)
     clock.seconds()          # 5.0: nothing measured yet
     clock.connected(0.02)
-    clock.seconds()          # 1.0: FLOOR_S, above 4 x 0.02 s
+    clock.seconds()          # 0.2: FLOOR_S, above 4 x 0.02 s
 """
 
 from __future__ import annotations
 
-FLOOR_S = 1.0  # a lost member costs this much and a round more (~0.3 s): within the 1.5 s goal's reach
+PEER_CONNECT_FACTOR = 5  # gloo's wait for a peer's connect, in times the group's timeout (gloo/transport/tcp/pair.h)
+FLOOR_S = 1.0 / PEER_CONNECT_FACTOR  # a member lost after posting costs 1 s and a round more (~0.3 s): within 1.5 s
 MARGIN = 4.0  # over the slowest connect measured: a store busier than then still connects
 
 

@@ -74,6 +74,7 @@ class RoundGroup:
         self._connect_timeout = ConnectTimeout(timeouts.collective)
         self._formed: Round | None = None  # the current round, once its group formed, read by the heartbeat thread
         self._forming: Round | None = None  # the round whose group is being formed, read by the heartbeat thread
+        self._lost_while_forming = False  # the heartbeat thread saw a member of the forming round gone or still
         self._excepthook = sys.excepthook  # as the process had it, before any round's group wrapped it
 
     def leave(self, failure: BaseException | None = None) -> None:
@@ -97,7 +98,7 @@ class RoundGroup:
     def form(self, round_: Round) -> None:
         """A fresh default process group for ``round_`` (the previous one, if any, is closed first)."""
         self.leave()
-        self._forming = round_
+        self._forming, self._lost_while_forming = round_, False
         try:
             formation.arrive(self._store, round_, self._timeouts.collective)  # or called off: a member is gone
             self._init_group(round_)
@@ -117,7 +118,8 @@ class RoundGroup:
         try:
             self._connect(round_, seconds)
         except MembershipChanged:
-            bound.failed()
+            if not self._lost_while_forming:  # a lost member explains the failure: the bound was not too short
+                bound.failed()
             raise
         took = time.monotonic() - began
         if bound.connected(took):
@@ -163,6 +165,7 @@ class RoundGroup:
         if forming is None:
             return
         for member, still in suspects(forming.members).items():
+            self._lost_while_forming = True
             why = f"worker {member}'s heartbeat stood still for {still:.1f}s as the round formed"
             formation.call_off(self._alarm_store, forming.number, why)
             return
@@ -177,6 +180,7 @@ class RoundGroup:
         after 3 beats, was left out of rounds (likely how an 8-host chaos run fell from 5 members to 1)."""
         forming = self._forming
         if forming is not None and member in forming.members:
+            self._lost_while_forming = True
             formation.call_off(self._alarm_store, forming.number, f"worker {member} {why}")
         formed = self._formed
         if formed is not None and member in formed.members:
