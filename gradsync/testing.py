@@ -112,6 +112,11 @@ def _rank_main(
     except BaseException as exc:  # report everything, KeyboardInterrupt included
         results.put(("error", rank, RankFailure(rank, type(exc).__name__, str(exc), traceback.format_exc())))
     finally:
+        # The queue writes from a thread of its own: flush it before the group's teardown, which has aborted a
+        # rank ("terminate called ... Resource deadlock avoided") halfway through writing its result, and the
+        # parent then blocked reading the rest of the message past every timeout.
+        results.close()
+        results.join_thread()
         if dist.is_initialized():
             try:
                 dist.destroy_process_group()

@@ -100,3 +100,18 @@ def test_peer_death_during_buffer_broadcast_is_named() -> None:
     message = failures[0].message
     assert "broadcast of module buffers before forward (3 tensors" in message and "failed on rank 0" in message
     assert "rank(s) [1] reported nothing" in message
+
+
+def _large_result_then_teardown_aborts(rank: int, world_size: int) -> bytes:
+    import torch.distributed as dist
+
+    # The group's teardown aborting the process (gloo's "terminate called ... Resource deadlock avoided", seen in the
+    # suite) while the queue's thread was still writing this rank's result left the parent blocked mid-message.
+    dist.destroy_process_group = lambda *a, **k: os._exit(134)
+    return bytes(range(256)) * (64 * 1024)  # 16 MiB: longer to write than the abort takes to come
+
+
+@pytest.mark.timeout(60)
+def test_a_rank_aborting_in_teardown_after_its_result_still_delivers_it() -> None:
+    (out,) = spawn(_large_result_then_teardown_aborts, world_size=1, timeout=30)
+    assert out == bytes(range(256)) * (64 * 1024)
