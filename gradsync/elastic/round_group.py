@@ -114,20 +114,19 @@ class RoundGroup:
         if bound.fresh() and self._store.check([keys.CONNECT_SLOWEST]):
             bound.start_from(float(self._store.get(keys.CONNECT_SLOWEST)))  # a joiner: the members' measure
         seconds = bound.seconds() if torch_private.group_timeout_settable() else collective
-        began = time.monotonic()
         try:
-            self._connect(round_, seconds)
+            took = self._connect(round_, seconds)
         except MembershipChanged:
             if not self._lost_while_forming:  # a lost member explains the failure: the bound was not too short
                 bound.failed()
             raise
-        took = time.monotonic() - began
         if bound.connected(took):
             self._store.set(keys.CONNECT_SLOWEST, f"{took:.4f}")
         if seconds != collective:
             torch_private.set_group_timeout(collective)  # before any collective: a stopped member is found within it
 
-    def _connect(self, round_: Round, seconds: float) -> None:
+    def _connect(self, round_: Round, seconds: float) -> float:
+        """Form the group within ``seconds``; how long it took (a failure says so too)."""
         prefix = dist.PrefixStore(keys.group_prefix(round_.number), self._store)
         # init_process_group wraps sys.excepthook in one that prefixes "[rank<r>]: " to each line, around whatever
         # hook was there: after 40 rounds a worker's traceback bore 40 prefixes, of ranks it no longer had. Each
@@ -154,6 +153,7 @@ class RoundGroup:
             bound = f" within its connect bound, {seconds:.2g}s" if seconds < self._timeouts.collective else ""
             took = f" after {time.monotonic() - began:.2f}s"
             raise MembershipChanged(f"forming round {round_.number}'s group failed{bound}{took}: {exc}") from exc
+        return time.monotonic() - began
 
     def call_off_for_suspects(self, suspects: Callable[[Collection[int]], dict[int, float]]) -> None:
         """From the heartbeat thread, each beat: a member of the round being formed that ``suspects`` names (its
