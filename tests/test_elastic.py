@@ -368,7 +368,7 @@ def test_a_worker_that_dies_before_registering_leaves_no_one_waiting() -> None:
 
 # ------------------------------------------------------------------------------ the job's store on etcd (issue 29)
 def _check_one_model_every_sample_once(run: dict) -> None:
-    check_exactly_once(run["out"], killed=1)
+    check_exactly_once(run["out"], epochs=run["epochs"], killed=1)
     ended = finals(run["out"])
     assert len(ended) == HOSTS and len({round(f["checksum"], 6) for f in ended}) == 1, ended  # the rejoined too
 

@@ -70,7 +70,7 @@ def measure_any_host(tmp: Path, fault: str) -> dict[str, float]:
     blocked in gloo until the group's timeout (then the pause is that timeout's, not the detection's)."""
     run = any_host_lost(tmp, fault)
     out, (_host, _pid, when) = run["out"], run["faults"][0]
-    check_exactly_once(out, killed=1)
+    check_exactly_once(out, epochs=run["epochs"], killed=1)
     pause = paused(out, when, run["survivors"], HOSTS - 1)
     return {
         "survivors paused s": pause,
