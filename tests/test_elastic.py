@@ -122,6 +122,24 @@ def test_survivors_continue_after_sigkill_and_the_worker_rejoins(tmp_path: Path)
     assert all(abs(f["loss"] - ref_loss) <= 0.15 * ref_loss + 0.01 for f in ended)
 
 
+@needs_lab
+@pytest.mark.timeout(300)
+def test_a_member_lost_as_a_restarted_worker_builds_its_model_costs_a_round_not_a_restart(tmp_path: Path) -> None:
+    """h1's worker SIGKILLed; as the members admit its restarted worker, h2's exits (tests/scripts/elastic_train.py's
+    EXIT_AT_ADMISSION), so the joiner's DDP constructor collectives fail. Its State recovers from that failure in
+    the same process (the constructor kept it: gradsync/ddp/module.py); before, the joiner died with a traceback
+    and its launcher started it again."""
+    run = scenario(tmp_path, "sigkill", epochs=6, env={"EXIT_AT_ADMISSION": "h2"})
+    out = run["out"]
+    assert (out / "exited_at_admission").exists(), recoveries(run["logs"])  # the second fault landed
+    assert "the job's next round recovers" in run["logs"][1], run["logs"][1][-3000:]
+    started = Counter(p.read_text() for p in out.glob("*.pid"))
+    assert started["h1"] == 2, started  # the first worker, then the restart after the kill: no more
+    check_exactly_once(out, epochs=6, killed=2)
+    ended = finals(out)
+    assert len({round(f["checksum"], 6) for f in ended if f["steps"] == max(g["steps"] for g in ended)}) == 1
+
+
 def _check_hook_and_monitor_ran_throughout(run: dict, hook: str) -> None:
     """Every process that committed steps ran the hook in each of them (one bucket: one call per backward) and its
     Monitor recorded each, across the kill and the rejoin; DiLoCo's members agree on its step count."""

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 import pytest
 import torch.distributed as dist
 
-from gradsync.elastic import keys
+from gradsync.elastic import keys, liveness
 from gradsync.elastic.errors import JobStateLost, MembershipChanged
 from gradsync.elastic.job_status import find_state_lost, state_lost
 from gradsync.elastic.liveness import beat_since, lost_mark, mark_exited
@@ -96,6 +96,40 @@ def test_a_round_whose_leader_is_lost_with_its_host_is_abandoned_once_its_heartb
         survivor.next_round(steps=5)
     waited = time.monotonic() - start
     assert waited < 1.5, f"waited {waited:.1f}s for a silent leader (heartbeat timeout: {TIMEOUTS.heartbeat:g}s)"
+
+
+@pytest.mark.timeout(60)
+def test_a_deciding_leader_sees_an_exit_reported_meanwhile_at_its_next_look(
+    store: dist.Store, workers: list, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker killed inside an all-reduce: the survivors begin the next round before its launcher reports the
+    exit. The leader waiting for the live members to register reads the exits counter each look (rounds._Gone),
+    not only when its heartbeat thread next beats (2 s apart here, so the beat cannot be what sees it)."""
+    monkeypatch.setattr(liveness, "HEARTBEAT_S", 2.0)
+    slow = Timeouts(heartbeat=10.0, collective=10.0, admission=20)
+    workers += [Membership(store, store, slow) for _ in range(3)]
+    firsts = [threading.Thread(target=w.first_round, args=(3, 20)) for w in workers]
+    for t in firsts:
+        t.start()
+    for t in firsts:
+        t.join(30)
+    *survivors, dead = workers
+    dead.stop()  # killed: its heartbeat stops, and its launcher has not reported the exit yet
+    formed: dict[int, list[int]] = {}
+    threads = [
+        threading.Thread(target=lambda w=w: formed.update({w.me: w.next_round(steps=5).members})) for w in survivors
+    ]
+    for t in threads:
+        t.start()
+    time.sleep(0.5)
+    assert not formed, "a round formed without waiting for a member neither reported nor suspected (6 s)"
+    reported = time.monotonic()
+    mark_exited(store, dead.me)
+    for t in threads:
+        t.join(30)
+    waited = time.monotonic() - reported
+    assert formed == {1: [1, 2], 2: [1, 2]}
+    assert waited < 0.5, f"the leader saw the reported exit after {waited:.2f}s (its heartbeat beats every 2 s)"
 
 
 def _agree(worker: Membership, tries: int = 3):

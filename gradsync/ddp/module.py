@@ -18,7 +18,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.algorithms.join import Join, Joinable, JoinHook
 
-from gradsync import torch_private
+from gradsync import settings, torch_private
 from gradsync.collectives.communicator import Communicator
 from gradsync.comm import regroup
 from gradsync.ddp import compiled
@@ -38,7 +38,8 @@ from gradsync.ddp.forward_collectives import ForwardCollectives
 from gradsync.ddp.forward_steps import ForwardSteps, ModuleCall
 from gradsync.ddp.join_protocol import JoinProtocol
 from gradsync.ddp.replicas import broadcast_initial_state, verify_same_model
-from gradsync.errors import ConfigError
+from gradsync.errors import CollectiveError, ConfigError
+from gradsync.log import log
 from gradsync.observe.recorder import Recorder
 from gradsync.reducer.reducer import Reducer
 from gradsync.reducer.reduction import CommHook
@@ -132,9 +133,30 @@ class DistributedDataParallel(nn.Module, Joinable):
         self.bucket_bytes_cap_default = self._config.caps.is_default
         self._hook: tuple[Any, CommHook] | None = None  # (state, hook) as registered: carried across a regroup
         self._build_runtime()
-        verify_same_model(self._comm, module, self._config.ignored, self._collective_settings())
-        if init_sync:
-            broadcast_initial_state(self._comm, module, init_sync_buffers, self._config.ignored)
+        self._construction_failure = self._sync_replicas(init_sync, init_sync_buffers)
+
+    def _sync_replicas(self, init_sync: bool, buffers: bool) -> CollectiveError | None:
+        """The model checked across the ranks, then rank 0's parameters (and ``buffers``) everywhere. In an elastic
+        job (``gradsync run --elastic``) a member lost meanwhile is a membership change, not this worker's end: the
+        failure is returned, the job's State raises it before training (:meth:`take_construction_failure`) and
+        recovers, and the next round's :meth:`rebuild_for_new_group` issues these collectives again. Before, a worker
+        admitted as a member died crashed here with a traceback, and its launcher restarted it (the chaos soak)."""
+        try:
+            verify_same_model(self._comm, self.module, self._config.ignored, self._collective_settings())
+            if init_sync:
+                broadcast_initial_state(self._comm, self.module, buffers, self._config.ignored)
+        except CollectiveError as exc:
+            if self._process_group is not None or not settings.elastic_worker():
+                raise
+            log.warning("gradsync elastic: %s; the job's next round recovers", str(exc).splitlines()[0][:200])
+            return exc
+        return None
+
+    def take_construction_failure(self) -> CollectiveError | None:
+        """The collective failure the constructor kept in an elastic job (:meth:`_sync_replicas`), once: for
+        gradsync.elastic's State to recover from. A forward raises it if no State took it."""
+        failure, self._construction_failure = self._construction_failure, None
+        return failure
 
     def _collective_settings(self) -> dict[str, object]:
         """What decides the collectives each step issues: every rank must agree (checked at construction)."""
@@ -200,6 +222,7 @@ class DistributedDataParallel(nn.Module, Joinable):
         self._plan_before_regroup = plan  # what shared_layout() sends if this worker is the new round's rank 0
         verify_same_model(self._comm, self.module, self._config.ignored, self._collective_settings())
         broadcast_initial_state(self._comm, self.module, True, self._config.ignored)
+        self._construction_failure = None  # these collectives, which it kept, succeeded on the new group
         if hook is not None:  # its per-rank memory dropped; the shared part arrives with the elastic state
             state, function = hook
             self._hook = (regroup.for_new_group(state, function), function)
@@ -239,6 +262,7 @@ class DistributedDataParallel(nn.Module, Joinable):
         state = dict(self.__dict__)
         for name in ("reducer", "_comm", "_params", "_forward_steps", "_join_protocol", "_hook"):
             state.pop(name, None)
+        state["_construction_failure"] = None  # the copy rebuilds itself on the default group
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -295,6 +319,9 @@ class DistributedDataParallel(nn.Module, Joinable):
 
     @compiled.outside_compiled_graph
     def _before_module(self, inputs: tuple, kwargs: dict[str, Any]) -> ModuleCall:
+        failure = self.take_construction_failure()
+        if failure is not None:  # no elastic State took it: raised as the constructor would have
+            raise failure
         synced = torch.is_grad_enabled() and self.require_backward_grad_sync
         buffers = (self.forward_sync_buffers, self.require_forward_param_sync)
         return self._forward_steps.before(inputs, kwargs, synced, buffers, self.device_ids)

@@ -10,8 +10,10 @@ key                                    meaning                                  
 ``worker/<launcher's name>``           that worker's number, for its launcher's exit report  every worker, once
 ``beat/<member>``                      heartbeat counter; -1: its launcher saw it exit       its thread, launchers
 ``exited/<member>``                    its launcher saw its process exit                     launchers
+``exits``                              counter: exits reported, for a deciding leader        launchers
 ``lost/<member>``                      its heartbeat stopped: the count last seen, and why   the member watching it
 ``joiners/<member>``, ``join_requests``  a worker asks to be admitted; how many asked so far  joiners
+``tickets/<k>``                        the worker that made the k-th join request            joiners
 ``joined/<member>``                    admitted ("expired: why" if left out)                 members / leaders
 ``current_round``                      the number of the last round formed                   round leaders
 ``round<k>/registered/<member>``       the member's committed steps, registering for k       members
@@ -40,6 +42,7 @@ DONE = PREFIX + "done"
 FINISHED = PREFIX + "finished"
 STATE_LOST = PREFIX + "state_lost"
 CONNECT_SLOWEST = PREFIX + "connect_slowest"
+EXITS = PREFIX + "exits"
 
 
 def worker(name: str) -> str:
@@ -60,6 +63,10 @@ def lost(member: int) -> str:
 
 def joiner(member: int) -> str:
     return f"{PREFIX}joiners/{member}"
+
+
+def ticket(request: int) -> str:
+    return f"{PREFIX}tickets/{request}"
 
 
 def joined(member: int) -> str:

@@ -19,7 +19,7 @@ import time
 
 import torch.distributed as dist
 
-from gradsync.elastic import job_store, keys
+from gradsync.elastic import job_store, join_requests, keys
 from gradsync.elastic.admission import Admission
 from gradsync.elastic.errors import JobFinished
 from gradsync.elastic.job_status import MAX_WORLD_VARIABLE, STORE_VARIABLE, WORKER_VARIABLE, job_done, job_running
@@ -136,11 +136,10 @@ class Membership:
         self.joined_late = True
         self.store.delete_key(keys.joined(self.me))  # a member left out of a round joins again
         self.store.delete_key(keys.lost(self.me))  # it was declared lost, and is back
-        self.store.set(keys.joiner(self.me), "1")
-        self.store.add(keys.JOIN_REQUESTS, 1)
+        join_requests.ask(self.store, self.me)
 
     def pending_joiners(self) -> list[int]:
-        return self._rounds.pending_joiners()
+        return join_requests.every_pending(self.store)
 
     # --------------------------------------------------------------------------------------------- rounds
     def next_round(self, steps: int = 0) -> Round:

@@ -194,7 +194,11 @@ class State:
 
     # ------------------------------------------------------------------------------------- membership
     def start(self) -> None:
-        """A worker admitted into a running job receives the members' state here (they send it in recover)."""
+        """A worker admitted into a running job receives the members' state here (they send it in recover). A member
+        lost during the model's construction collectives is recovered from here (``take_construction_failure``)."""
+        failure = self.model.take_construction_failure()
+        if failure is not None:
+            raise failure
         if self.job.joined_late:
             self._sync()
 

@@ -52,6 +52,18 @@ torch.manual_seed(0)
 model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1))
 ddp = gradsync.DistributedDataParallel(model, bucket_cap_mb=25)
 opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
+if os.environ.get("EXIT_AT_ADMISSION") == os.environ.get("GRADSYNC_HOST"):
+    # A member lost as a restarted worker builds its model: this worker exits (once) as it begins the first round of
+    # 3 after the start, the one that admits the restarted worker, so that worker's construction collectives fail.
+    rebuild, admitting = ddp.rebuild_for_new_group, out / "exited_at_admission"
+
+    def exit_at_admission():
+        if torch.distributed.get_world_size() == 3 and not admitting.exists():
+            admitting.write_text(str(pid))
+            os._exit(1)
+        rebuild()
+
+    ddp.rebuild_for_new_group = exit_at_admission
 loader = elastic.ElasticLoader(data, batch_size=4, seed=1)
 events = open(out / f"{pid}.events", "a")
 # HOOK=counting|bf16 registers a comm hook that counts its calls, HOOK=diloco attaches DiLoCo; MONITOR=1 a Monitor:
