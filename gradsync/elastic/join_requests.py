@@ -23,9 +23,11 @@ def ask(store: dist.Store, me: int) -> None:
     store.set(keys.ticket(ticket), str(me))
 
 
-def pending(store: dist.Store, since: int) -> list[int]:
+def pending(store: dist.Store, since: int | None) -> list[int]:
     """The workers asking to be admitted, not admitted yet, among the requests after the first ``since`` (the count
-    the current round recorded); every pending one if a ticket was taken but not written yet."""
+    the current round recorded); every pending one if a ticket was taken but not written yet, or with no count."""
+    if since is None:
+        return every_pending(store)
     count = int(store.add(keys.JOIN_REQUESTS, 0))
     tickets = [keys.ticket(t) for t in range(since + 1, count + 1)]
     if tickets and not store.check(tickets):  # a joiner between its count and its ticket

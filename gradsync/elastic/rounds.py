@@ -198,7 +198,7 @@ class Rounds:
 
     def _decide(self, number: int, current: Round) -> None:
         requests = int(self._store.add(keys.JOIN_REQUESTS, 0))  # before the joiners are listed: none is missed
-        joiners = join_requests.pending(self._store, since=int(self._store.get(keys.requests(current.number))))
+        joiners = join_requests.pending(self._store, since=self._requests_counted(current.number))
         floor = self._committed(current.number)
         # Members keep their order and joiners come last, so rank 0 (whose state everyone receives) is a member that
         # lived through the change: a worker that was cut off and asks to join again keeps its old, low number.
@@ -274,6 +274,12 @@ class Rounds:
         most = max(steps.values())
         first = next(m for m in members if steps.get(m) == most)
         return [first] + [m for m in members if m != first], most
+
+    def _requests_counted(self, number: int) -> int | None:
+        """The join requests round ``number``'s leader counted as it decided (each member read them on entering it);
+        None where it is not written (a round made by hand in a test)."""
+        key = keys.requests(number)
+        return int(self._store.get(key)) if self._store.check([key]) else None
 
     def _committed(self, number: int) -> int:
         """The steps round ``number`` started from (every member of it took them): no later round may start from
