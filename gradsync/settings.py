@@ -92,18 +92,3 @@ def timeout_seconds(default: float, environ: Mapping[str, str] | None = None) ->
     120.0
     """
     return read_seconds("GRADSYNC_TIMEOUT", default, environ)
-
-
-# The job's store (host:port, or etcd://...), set by `gradsync run --elastic` for each worker.
-ELASTIC_STORE_VARIABLE = "GRADSYNC_ELASTIC_STORE"
-
-
-def elastic_worker(environ: Mapping[str, str] | None = None) -> bool:
-    """Whether this process is a worker of ``gradsync run --elastic`` (which sets ``GRADSYNC_ELASTIC_STORE``): a
-    member lost during a collective is then a membership change for the job's State to recover from.
-
-    >>> elastic_worker({"GRADSYNC_ELASTIC_STORE": "10.0.0.1:29500"}), elastic_worker({})
-    (True, False)
-    """
-    env = os.environ if environ is None else environ
-    return bool(env.get(ELASTIC_STORE_VARIABLE))

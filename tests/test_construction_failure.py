@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 import gradsync
-from gradsync.settings import ELASTIC_STORE_VARIABLE
+from gradsync.runtime.env import ELASTIC_STORE_VARIABLE
 from gradsync.testing import SpawnError, spawn, spawn_failures
 
 

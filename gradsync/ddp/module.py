@@ -18,7 +18,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.algorithms.join import Join, Joinable, JoinHook
 
-from gradsync import settings, torch_private
+from gradsync import torch_private
 from gradsync.collectives.communicator import Communicator
 from gradsync.comm import regroup
 from gradsync.ddp import compiled
@@ -43,6 +43,7 @@ from gradsync.log import log
 from gradsync.observe.recorder import Recorder
 from gradsync.reducer.reducer import Reducer
 from gradsync.reducer.reduction import CommHook
+from gradsync.runtime.env import in_elastic_job
 
 
 class DistributedDataParallel(nn.Module, Joinable):
@@ -146,15 +147,16 @@ class DistributedDataParallel(nn.Module, Joinable):
             if init_sync:
                 broadcast_initial_state(self._comm, self.module, buffers, self._config.ignored)
         except CollectiveError as exc:
-            if self._process_group is not None or not settings.elastic_worker():
+            if self._process_group is not None or not in_elastic_job():
                 raise
             log.warning("gradsync elastic: %s; the job's next round recovers", str(exc).splitlines()[0][:200])
             return exc
         return None
 
     def take_construction_failure(self) -> CollectiveError | None:
-        """The collective failure the constructor kept in an elastic job (:meth:`_sync_replicas`), once: for
-        gradsync.elastic's State to recover from. A forward raises it if no State took it."""
+        """The failure of the constructor's collectives (the model check, rank 0's state broadcast), kept in an
+        elastic job where a member was lost meanwhile; returned once, for ``gradsync.elastic.State`` to recover from
+        (it calls this before training). A forward raises it if no State took it. None when they succeeded."""
         failure, self._construction_failure = self._construction_failure, None
         return failure
 
