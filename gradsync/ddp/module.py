@@ -141,7 +141,7 @@ class DistributedDataParallel(nn.Module, Joinable):
         job (``gradsync run --elastic``) a member lost meanwhile is a membership change, not this worker's end: the
         failure is returned, the job's State raises it before training (:meth:`take_construction_failure`) and
         recovers, and the next round's :meth:`rebuild_for_new_group` issues these collectives again. Before, a worker
-        admitted as a member died crashed here with a traceback, and its launcher restarted it (the chaos soak)."""
+        being admitted when a member died crashed here with a traceback, and its launcher restarted it."""
         try:
             verify_same_model(self._comm, self.module, self._config.ignored, self._collective_settings())
             if init_sync:
@@ -321,9 +321,8 @@ class DistributedDataParallel(nn.Module, Joinable):
 
     @compiled.outside_compiled_graph
     def _before_module(self, inputs: tuple, kwargs: dict[str, Any]) -> ModuleCall:
-        failure = self.take_construction_failure()
-        if failure is not None:  # no elastic State took it: raised as the constructor would have
-            raise failure
+        if self._construction_failure is not None:  # no elastic State took it: raised as the constructor would have
+            raise self._construction_failure
         synced = torch.is_grad_enabled() and self.require_backward_grad_sync
         buffers = (self.forward_sync_buffers, self.require_forward_param_sync)
         return self._forward_steps.before(inputs, kwargs, synced, buffers, self.device_ids)

@@ -138,9 +138,6 @@ class Membership:
         self.store.delete_key(keys.lost(self.me))  # it was declared lost, and is back
         join_requests.ask(self.store, self.me)
 
-    def pending_joiners(self) -> list[int]:
-        return join_requests.every_pending(self.store)
-
     # --------------------------------------------------------------------------------------------- rounds
     def next_round(self, steps: int = 0) -> Round:
         """Agree on the next round's members: the current members still alive and the workers waiting to join.
