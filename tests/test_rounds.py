@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import random
 import re
 import threading
 import time
@@ -14,13 +15,14 @@ from collections.abc import Iterator
 import pytest
 import torch.distributed as dist
 
-from gradsync.elastic import keys, liveness
+from gradsync.elastic import keys, liveness, verdicts
 from gradsync.elastic.errors import JobStateLost, MembershipChanged
 from gradsync.elastic.job_status import find_state_lost, state_lost
 from gradsync.elastic.liveness import beat_since, lost_mark, mark_exited
 from gradsync.elastic.membership import Membership
 from gradsync.elastic.rounds import SETTLE_S
 from gradsync.elastic.timeouts import Timeouts
+from gradsync.elastic.verdicts import Verdicts
 from gradsync.errors import GradsyncError
 from gradsync.launch.elastic import Job
 from gradsync.polling import wait_until
@@ -130,6 +132,66 @@ def test_a_deciding_leader_sees_an_exit_reported_meanwhile_at_its_next_look(
     waited = time.monotonic() - reported
     assert formed == {1: [1, 2], 2: [1, 2]}
     assert waited < 0.5, f"the leader saw the reported exit after {waited:.2f}s (its heartbeat beats every 2 s)"
+
+
+@pytest.mark.timeout(60)
+def test_a_deciding_leader_goes_without_a_member_its_watcher_saw_stand_still(store: dist.Store, workers: list) -> None:
+    """A host lost whole (no launcher left to report the exit). The member watching it (the ring: 2 watches 3) saw
+    its heartbeat stand still for 3 beats and posted it (verdicts.Suspicions); the leader, which never watched it,
+    does not count 3 beats of its own from its first look (0.3 s at least, the host kind's pause in the soak)."""
+    _first_round(store, workers, 3)
+    leader, watcher, lost = workers
+    lost.stop()  # its heartbeat stops, and no exit is reported
+    assert wait_until(lambda: store.check([keys.suspected(lost.me)]), 5)
+    assert f"its watcher, worker {watcher.me}, saw" in store.get(keys.suspected(lost.me)).decode()
+    formed: dict[int, list[int]] = {}
+    deciding = threading.Thread(target=lambda: formed.update({leader.me: leader.next_round(steps=5).members}))
+    began = time.monotonic()
+    deciding.start()
+    assert wait_until(lambda: store.check([keys.leader(2)]), 5)  # worker 1 leads: it never watched worker 3
+    formed[watcher.me] = watcher.next_round(steps=5).members
+    deciding.join(30)
+    took = time.monotonic() - began
+    assert formed == {1: [1, 2], 2: [1, 2]}
+    assert took < 0.25, f"the round took {took:.2f}s: its leader counted the lost member's still beats itself"
+
+
+def test_a_suspicion_holds_until_the_member_beats_again(store: dist.Store) -> None:
+    store.set(keys.beat(2), "7")
+    verdicts.post(store, keys.suspected(2), lost_mark(7, "its watcher, worker 1, saw its heartbeat stand still"))
+    known = Verdicts(store, [1, 2])
+    assert known.suspected(2, count=7) and not known.suspected(2, count=8)  # the leader saw it beat since
+    assert not known.suspected(1, count=0) and not known.gone
+    store.set(keys.beat(2), "8")  # it beat before the leader read the mark: the mark holds against no one
+    assert not Verdicts(store, [1, 2]).suspected(2, count=0)
+
+
+def test_verdicts_read_on_the_counter_match_a_full_read_each_look(store: dist.Store) -> None:
+    """The leader reads the marks only when the verdicts counter moved; the reference reads every mark each look."""
+    rng = random.Random(0)
+    wanted = list(range(1, 9))
+    for member in wanted:
+        store.set(keys.beat(member), "1")
+    known = Verdicts(store, wanted)
+    for _ in range(300):
+        member, action = rng.choice(wanted), rng.random()
+        count = int(store.get(keys.beat(member)))
+        if action < 0.4:
+            store.set(keys.beat(member), str(count + 1))
+            verdicts.post(store, keys.suspected(rng.choice(wanted)), lost_mark(count, "still"))  # moves the counter
+        elif action < 0.7:
+            verdicts.post(store, keys.suspected(member), lost_mark(count, "still"))
+        elif action < 0.8:
+            verdicts.post(store, keys.lost(member), lost_mark(count, "stopped"))
+        elif action < 0.85:
+            mark_exited(store, member)
+        known.look()
+        reference = Verdicts(store, wanted)
+        assert known.gone == reference.gone
+        seen = {m: int(store.get(keys.beat(m))) for m in wanted}
+        assert {m for m in wanted if known.suspected(m, seen[m])} == {
+            m for m in wanted if reference.suspected(m, seen[m])
+        }
 
 
 def _agree(worker: Membership, tries: int = 3):

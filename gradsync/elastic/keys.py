@@ -10,8 +10,9 @@ key                                    meaning                                  
 ``worker/<launcher's name>``           that worker's number, for its launcher's exit report  every worker, once
 ``beat/<member>``                      heartbeat counter; -1: its launcher saw it exit       its thread, launchers
 ``exited/<member>``                    its launcher saw its process exit                     launchers
-``exits``                              counter: exits reported, for a deciding leader        launchers
 ``lost/<member>``                      its heartbeat stopped: the count last seen, and why   the member watching it
+``suspected/<member>``                 its heartbeat stood still for 3 beats: count, why     the member watching it
+``verdicts``                           counter: exited, lost and suspected marks posted      launchers, watchers
 ``joiners/<member>``, ``join_requests``  a worker asks to be admitted; how many asked so far  joiners
 ``tickets/<k>``                        the worker that made the k-th join request            joiners
 ``joined/<member>``                    admitted ("expired: why" if left out)                 members / leaders
@@ -42,7 +43,7 @@ DONE = PREFIX + "done"
 FINISHED = PREFIX + "finished"
 STATE_LOST = PREFIX + "state_lost"
 CONNECT_SLOWEST = PREFIX + "connect_slowest"
-EXITS = PREFIX + "exits"
+VERDICTS = PREFIX + "verdicts"
 
 
 def worker(name: str) -> str:
@@ -59,6 +60,10 @@ def exited(member: int) -> str:
 
 def lost(member: int) -> str:
     return f"{PREFIX}lost/{member}"
+
+
+def suspected(member: int) -> str:
+    return f"{PREFIX}suspected/{member}"
 
 
 def joiner(member: int) -> str:

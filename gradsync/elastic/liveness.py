@@ -58,7 +58,7 @@ def mark_exited(store: dist.Store, member: int) -> None:
     no beat of its own can follow)."""
     store.set(keys.exited(member), "1")
     store.set(keys.beat(member), str(_EXITED))
-    store.add(keys.EXITS, 1)  # last: a leader that sees the count move finds exited/<member> set
+    store.add(keys.VERDICTS, 1)  # last: a leader that sees the count move finds exited/<member> set
 
 
 def lost_mark(count: int, why: str) -> str:

@@ -27,6 +27,7 @@ from gradsync.elastic.liveness import Liveness
 from gradsync.elastic.round_group import RoundGroup
 from gradsync.elastic.rounds import Round, Rounds
 from gradsync.elastic.timeouts import Timeouts
+from gradsync.elastic.verdicts import Suspicions
 from gradsync.errors import GradsyncError
 from gradsync.log import log
 
@@ -59,6 +60,7 @@ class Membership:
             beat_store, self.me, timeouts.heartbeat, on_gone=self._member_gone, on_beat=self._each_beat
         )
         self._rounds = Rounds(store, self.me, self.liveness, timeouts)
+        self._suspicions = Suspicions(self.liveness)
 
     def _member_gone(self, member: int, why: str) -> None:
         """From the heartbeat thread, on its own connection: a watched member is gone. The round it was deciding
@@ -190,9 +192,13 @@ class Membership:
 
     def _each_beat(self, store: dist.Store) -> None:
         """From the heartbeat thread, each beat: a round being formed with a member that looks dead is called off,
-        a round whose leader looks dead is abandoned, and the admission announcement is looked for."""
+        a round whose leader looks dead is abandoned, a member of this round that looks dead is posted for the next
+        round's leader (:class:`~.verdicts.Suspicions`), and the admission announcement is looked for."""
         self._group.call_off_for_suspects(self.liveness.suspects)
         self._rounds.abandon_if_leader_suspected(store)
+        current = self.round
+        if current is not None:
+            self._suspicions.post_new(store, current.members)
         self._look_for_admission(store)
 
     def _look_for_admission(self, store: dist.Store) -> None:

@@ -15,7 +15,7 @@ import torch.distributed as dist
 
 from gradsync import torch_private
 from gradsync.collectives.peer_errors import recovered_by_members
-from gradsync.elastic import formation, keys
+from gradsync.elastic import formation, keys, verdicts
 from gradsync.elastic.connect_timeout import ConnectTimeout
 from gradsync.elastic.errors import MembershipChanged
 from gradsync.elastic.liveness import lost_mark
@@ -184,4 +184,4 @@ class RoundGroup:
             formation.call_off(self._alarm_store, forming.number, f"worker {member} {why}")
         formed = self._formed
         if formed is not None and member in formed.members:
-            self._alarm_store.set(keys.lost(member), lost_mark(count, why))  # for the leader of the next round
+            verdicts.post(self._alarm_store, keys.lost(member), lost_mark(count, why))  # for the next round's leader

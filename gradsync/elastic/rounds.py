@@ -16,7 +16,6 @@ from __future__ import annotations
 import datetime
 import json
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch.distributed as dist
@@ -24,9 +23,10 @@ import torch.distributed as dist
 from gradsync.elastic import join_requests, keys
 from gradsync.elastic.errors import JobFinished, JobStateLost, MembershipChanged
 from gradsync.elastic.job_status import find_state_lost, job_running
-from gradsync.elastic.liveness import SUSPECT_BEATS, Liveness, beat_since
+from gradsync.elastic.liveness import SUSPECT_BEATS, Liveness
 from gradsync.elastic.silent_holders import SilentHolders
 from gradsync.elastic.timeouts import Timeouts
+from gradsync.elastic.verdicts import Verdicts
 from gradsync.errors import GradsyncError
 from gradsync.log import log
 from gradsync.polling import wait_until
@@ -204,28 +204,16 @@ class Rounds:
         # lived through the change: a worker that was cut off and asks to join again keeps its old, low number.
         wanted = current.members + sorted(set(joiners) - set(current.members))
         registered = lambda m: self._registered(number, m)  # noqa: E731
-        # Known gone: its launcher saw it exit, or the member watching it saw its heartbeat stop.
-        gone = _Gone(self._store, wanted, self._declared_lost)
-        # The leader is alive, whatever a watcher wrote: a round listed without it could hold no member with the
-        # job's state (every other one lost too), and would start from a joiner's.
-        alive = lambda m: m == self._me or (m not in gone.members and self._liveness.alive(m))  # noqa: E731
-        # A live member may be inside a collective that fails only at the group's timeout: wait for it that long.
-        # Not for one whose heartbeat stood still for SUSPECT_BEATS beats while the others registered: a round is
-        # being decided because something failed, and a live member's heartbeat thread beats even inside a
-        # collective. So a host lost whole (no launcher left to report the exit) costs a second (4 s at 1,024
-        # members, whose beat is slower), not the heartbeat timeout. A live member wrongly left out joins again
-        # in-process.
-        suspect_s = SUSPECT_BEATS * self._liveness.interval
-        awaited = lambda m: alive(m) and self._liveness.still_for(m) < suspect_s  # noqa: E731
+        known = Verdicts(self._store, wanted)  # exits reported; members declared lost or suspected by watchers
         # Two requests a look, whatever the members (a TCPStore checks a list of keys at once), not one a member.
-        live = lambda: [m for m in wanted if awaited(m)]  # noqa: E731
-        live_registered = lambda: gone.look() and self._all_registered(number, live())  # noqa: E731
+        live = lambda: [m for m in wanted if self._waits_for(m, known)]  # noqa: E731
+        live_registered = lambda: known.look() and self._all_registered(number, live())  # noqa: E731
         wait_until(live_registered, SETTLE_S + self._timeouts.collective, pause=0.005, max_pause=0.02)
         # Registered and still alive: a worker killed after registering (its launcher reported it) is left out.
         everyone = self._all_registered(number, wanted)
-        members = [m for m in wanted if (everyone or registered(m)) and alive(m)]
+        members = [m for m in wanted if (everyone or registered(m)) and self._alive(m, known)]
         for vanished in set(joiners) - set(members):  # asked to join, then vanished: stop waiting for it
-            why = self._left_out_because(number, vanished, gone.members)
+            why = self._left_out_because(number, vanished, known)
             self._store.set(keys.joined(vanished), f"{EXPIRED}: {why}")
         ordered, most = self._most_committed_first(number, members, current.members)
         if most < floor:  # every member holding the job's state is missing: never go back to an older one
@@ -238,27 +226,42 @@ class Rounds:
         self._store.set(keys.requests(number), str(requests))
         self._store.set(keys.CURRENT_ROUND, str(number))
 
+    def _alive(self, member: int, known: Verdicts) -> bool:
+        """Not known gone, and its heartbeat moved within the timeout as this leader saw it. The leader is alive,
+        whatever a watcher wrote: a round listed without it could hold no member with the job's state (every other
+        one lost too), and would start from a joiner's."""
+        return member == self._me or (member not in known.gone and self._liveness.alive(member))
+
+    def _waits_for(self, member: int, known: Verdicts) -> bool:
+        """Whether the leader waits for ``member`` to register. A live member may be inside a collective that fails
+        only at the group's timeout: it is waited for that long. Not one whose heartbeat stood still for
+        ``SUSPECT_BEATS`` beats, seen by its watcher (which watched it all along: verdicts.py) or by this leader: a
+        round is being decided because something failed, and a live member's heartbeat thread beats even inside a
+        collective. So a host lost whole (no launcher left to report the exit) costs three beats (4 s at 1,024
+        members, whose beat is slower), not the heartbeat timeout. A live member wrongly left out joins again
+        in-process."""
+        suspect_s = SUSPECT_BEATS * self._liveness.interval
+        return (
+            self._alive(member, known)
+            and not known.suspected(member, self._liveness.last_count(member))
+            and self._liveness.still_for(member) < suspect_s
+        )
+
     def _abandon_for_an_older_state(self, number: int, floor: int, most: int) -> None:
         why = f"no member that committed step {floor} or later registered (the best had {most})"
         self._store.compare_set(keys.members(number), "", json.dumps({ABANDONED: why}))
         if (lost := find_state_lost(self._store)) is not None:  # and none of them will come back
             raise JobStateLost(f"worker {self._me} (at step {most}) cannot go on: {lost}")
 
-    def _declared_lost(self, member: int) -> bool:
-        """A watcher declared ``member`` lost, and its heartbeat has not moved since (a stale mark, of a worker that
-        was cut off and is back, leaves no one out: :func:`~.liveness.lost_mark`)."""
-        key = keys.lost(member)
-        if not self._store.check([key]):
-            return False
-        return not beat_since(self._store.get(key).decode(), int(self._store.add(keys.beat(member), 0)))
-
-    def _left_out_because(self, number: int, member: int, gone: set[int]) -> str:
+    def _left_out_because(self, number: int, member: int, known: Verdicts) -> str:
         """Why round ``number`` goes without the joiner ``member``, for it to say (a joiner left out round after
         round is otherwise a silent livelock)."""
-        if member in gone:
+        if member in known.gone:
             return "its exit was reported, or its watcher declared it lost"
         if not self._registered(number, member):
-            return f"it had not registered for round {number} when worker {self._me} decided it"
+            seen = self._liveness.last_count(member)
+            suspected = ", and its watcher saw its heartbeat stand still" if known.suspected(member, seen) else ""
+            return f"it had not registered for round {number} when worker {self._me} decided it{suspected}"
         still = self._liveness.still_for(member)
         return f"its heartbeat stood still for {still:.1f}s as worker {self._me}, deciding round {number}, saw it"
 
@@ -321,31 +324,3 @@ class Rounds:
         except dist.DistStoreError:  # its timeout
             return False
         return True
-
-
-class _Gone:
-    """The members of ``wanted`` a deciding leader knows gone: their exit reported by their launcher, or declared
-    lost by their watcher (``declared_lost``); an exit reported while it waits for the live members to register is
-    seen at its next :meth:`look`. Its heartbeat thread would see that exit only at its next beat (0.1 s): a round
-    begun by a failed all-reduce, before the dead worker's exit was reported, took 0.16 s to decide (median, the
-    8-host soak) against 0.04 s for one begun by the exit report, most of it that wait."""
-
-    def __init__(self, store: dist.Store, wanted: list[int], declared_lost: Callable[[int], bool]) -> None:
-        self._store, self._wanted = store, wanted
-        self._count = self._exits()  # first: an exit reported from here on moves the counter
-        self.members = {m for m in wanted if self._exited(m) or declared_lost(m)}
-
-    def look(self) -> bool:
-        """One request: the exits counter; the members' ``exited`` keys only when it moved. Always True, a term of
-        the leader's wait."""
-        count = self._exits()
-        if count != self._count:
-            self._count = count
-            self.members.update(m for m in self._wanted if self._exited(m))
-        return True
-
-    def _exited(self, member: int) -> bool:
-        return self._store.check([keys.exited(member)])
-
-    def _exits(self) -> int:
-        return int(self._store.add(keys.EXITS, 0))
