@@ -205,7 +205,7 @@ def test_a_lost_member_is_marked_at_once_while_the_training_threads_connection_w
 
     from gradsync import torch_private
     from gradsync.elastic import keys
-    from gradsync.elastic.liveness import lost_mark
+    from gradsync.elastic.verdicts import lost_mark
 
     server = dist.TCPStore("127.0.0.1", 0, 1, True, wait_for_workers=False)
     client = lambda: dist.TCPStore("127.0.0.1", server.port, 1, False, timeout=datetime.timedelta(seconds=10))  # noqa: E731

@@ -18,11 +18,11 @@ import torch.distributed as dist
 from gradsync.elastic import keys, liveness, verdicts
 from gradsync.elastic.errors import JobStateLost, MembershipChanged
 from gradsync.elastic.job_status import find_state_lost, state_lost
-from gradsync.elastic.liveness import beat_since, lost_mark, mark_exited
+from gradsync.elastic.liveness import mark_exited
 from gradsync.elastic.membership import Membership
 from gradsync.elastic.rounds import SETTLE_S
 from gradsync.elastic.timeouts import Timeouts
-from gradsync.elastic.verdicts import Verdicts
+from gradsync.elastic.verdicts import Verdicts, beat_since, lost_mark
 from gradsync.errors import GradsyncError
 from gradsync.launch.elastic import Job
 from gradsync.polling import wait_until
@@ -158,35 +158,43 @@ def test_a_deciding_leader_goes_without_a_member_its_watcher_saw_stand_still(sto
 
 def test_a_suspicion_holds_until_the_member_beats_again(store: dist.Store) -> None:
     store.set(keys.beat(2), "7")
-    verdicts.post(store, keys.suspected(2), lost_mark(7, "its watcher, worker 1, saw its heartbeat stand still"))
-    known = Verdicts(store, [1, 2])
+    verdicts.post(store, keys.suspected(2), lost_mark(7, "its watcher, worker 1, saw its heartbeat stand still"), 2)
+    known = Verdicts(store, [1, 2], since=0)
     assert known.suspected(2, count=7) and not known.suspected(2, count=8)  # the leader saw it beat since
     assert not known.suspected(1, count=0) and not known.gone
     store.set(keys.beat(2), "8")  # it beat before the leader read the mark: the mark holds against no one
-    assert not Verdicts(store, [1, 2]).suspected(2, count=0)
+    assert not Verdicts(store, [1, 2], since=None).suspected(2, count=0)
 
 
-def test_verdicts_read_on_the_counter_match_a_full_read_each_look(store: dist.Store) -> None:
-    """The leader reads the marks only when the verdicts counter moved; the reference reads every mark each look."""
+def test_verdicts_read_from_their_tickets_match_a_full_read_each_look(store: dist.Store) -> None:
+    """The leader reads the members the tickets since the current round name, when the counter moved; the
+    reference reads every mark of every member each look. A verdict whose ticket is not written yet (counted, its
+    mark set) makes the leader read everything."""
     rng = random.Random(0)
     wanted = list(range(1, 9))
     for member in wanted:
         store.set(keys.beat(member), "1")
-    known = Verdicts(store, wanted)
-    for _ in range(300):
+    known, late = Verdicts(store, wanted, since=0), None
+    for _ in range(400):
         member, action = rng.choice(wanted), rng.random()
         count = int(store.get(keys.beat(member)))
-        if action < 0.4:
+        if late is not None:  # last look's unwritten ticket
+            store.set(keys.verdict(late[0]), str(late[1]))
+            late = None
+        if action < 0.3:  # it beats again: its next verdict (any) names it
             store.set(keys.beat(member), str(count + 1))
-            verdicts.post(store, keys.suspected(rng.choice(wanted)), lost_mark(count, "still"))  # moves the counter
+            verdicts.post(store, keys.suspected(member), lost_mark(count, "still"), member)
+        elif action < 0.6:
+            verdicts.post(store, keys.suspected(member), lost_mark(count, "still"), member)
         elif action < 0.7:
-            verdicts.post(store, keys.suspected(member), lost_mark(count, "still"))
-        elif action < 0.8:
-            verdicts.post(store, keys.lost(member), lost_mark(count, "stopped"))
-        elif action < 0.85:
+            verdicts.post(store, keys.lost(member), lost_mark(count, "stopped"), member)
+        elif action < 0.75:
             mark_exited(store, member)
+        elif action < 0.85:  # counted and set, its ticket written after the leader's look
+            store.set(keys.suspected(member), lost_mark(count, "still"))
+            late = (int(store.add(keys.VERDICTS, 1)), member)
         known.look()
-        reference = Verdicts(store, wanted)
+        reference = Verdicts(store, wanted, since=None)
         assert known.gone == reference.gone
         seen = {m: int(store.get(keys.beat(m))) for m in wanted}
         assert {m for m in wanted if known.suspected(m, seen[m])} == {

@@ -12,7 +12,7 @@ key                                    meaning                                  
 ``exited/<member>``                    its launcher saw its process exit                     launchers
 ``lost/<member>``                      its heartbeat stopped: the count last seen, and why   the member watching it
 ``suspected/<member>``                 its heartbeat stood still for 3 beats: count, why     the member watching it
-``verdicts``                           counter: exited, lost and suspected marks posted      launchers, watchers
+``verdicts``, ``verdicts/<k>``         counter: marks posted; the k-th mark's member        launchers, watchers
 ``joiners/<member>``, ``join_requests``  a worker asks to be admitted; how many asked so far  joiners
 ``tickets/<k>``                        the worker that made the k-th join request            joiners
 ``joined/<member>``                    admitted ("expired: why" if left out)                 members / leaders
@@ -21,6 +21,7 @@ key                                    meaning                                  
 ``round<k>/leader``                    who decides round k (compare_set)                     the first to register
 ``round<k>/members``                   round k's members, JSON, in rank order                round k's leader
 ``round<k>/requests``                  join requests counted when round k formed             round k's leader
+``round<k>/verdicts``                  verdicts counted when round k formed                 round k's leader
 ``round<k>/committed``                 the steps round k's rank 0 had committed as it formed  round k's leader
 ``round<k>/admit_at``                  the step at whose boundary round k admits joiners     round k's rank 0
 ``round<k>/arrived``                   counter: members at round k's formation gate          members
@@ -66,6 +67,10 @@ def suspected(member: int) -> str:
     return f"{PREFIX}suspected/{member}"
 
 
+def verdict(ticket: int) -> str:
+    return f"{PREFIX}verdicts/{ticket}"
+
+
 def joiner(member: int) -> str:
     return f"{PREFIX}joiners/{member}"
 
@@ -88,6 +93,10 @@ def leader(round_number: int) -> str:
 
 def members(round_number: int) -> str:
     return f"{PREFIX}round{round_number}/members"
+
+
+def verdicts_counted(round_number: int) -> str:
+    return f"{PREFIX}round{round_number}/verdicts"
 
 
 def committed(round_number: int) -> str:

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import torch.distributed as dist
 
-from gradsync.elastic import keys
+from gradsync.elastic import keys, verdicts
 from gradsync.elastic.job_store import StoreHealth
 
 # A member's beat in a round of up to BEATS_PER_S * HEARTBEAT_S members. A host lost whole (its launcher with it, so
@@ -56,23 +56,8 @@ def mark_exited(store: dist.Store, member: int) -> None:
     """A launcher saw ``member``'s process exit: for a round's leader, which asks about each candidate once
     (``exited/<member>``), and for the member watching it, which reads only the counter (the process is gone, so
     no beat of its own can follow)."""
-    store.set(keys.exited(member), "1")
+    verdicts.post(store, keys.exited(member), "1", member)  # for a deciding leader, at its next look
     store.set(keys.beat(member), str(_EXITED))
-    store.add(keys.VERDICTS, 1)  # last: a leader that sees the count move finds exited/<member> set
-
-
-def lost_mark(count: int, why: str) -> str:
-    """``lost/<member>``'s value: the heartbeat count its watcher last saw, then why. The count makes the mark
-    expire: a worker cut off for a while (a link down, a split) comes back in-process with the same number, and a
-    mark written after it had deleted it would otherwise leave it out of every round after (the 8-host soak's
-    livelock: worker 79 left out of 160 rounds, its heartbeat moving all along)."""
-    return f"{count} {why}"
-
-
-def beat_since(mark: str, count: int) -> bool:
-    """Whether the member beat after its watcher wrote ``mark`` (``count``: its counter now)."""
-    seen, _, _ = mark.partition(" ")
-    return seen.lstrip("-").isdigit() and count > int(seen)
 
 
 @dataclass(frozen=True)

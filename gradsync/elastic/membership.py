@@ -198,7 +198,7 @@ class Membership:
         self._rounds.abandon_if_leader_suspected(store)
         current = self.round
         if current is not None:
-            self._suspicions.post_new(store, current.members)
+            self._suspicions.post_new(store, current.number, current.members)
         self._look_for_admission(store)
 
     def _look_for_admission(self, store: dist.Store) -> None:

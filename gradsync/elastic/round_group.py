@@ -18,9 +18,9 @@ from gradsync.collectives.peer_errors import recovered_by_members
 from gradsync.elastic import formation, keys, verdicts
 from gradsync.elastic.connect_timeout import ConnectTimeout
 from gradsync.elastic.errors import MembershipChanged
-from gradsync.elastic.liveness import lost_mark
 from gradsync.elastic.rounds import Round
 from gradsync.elastic.timeouts import Timeouts
+from gradsync.elastic.verdicts import lost_mark
 
 
 def _peer_lost(exc: RuntimeError) -> bool:
@@ -174,7 +174,7 @@ class RoundGroup:
         """From the heartbeat thread: a member of this round is gone. A member of the round being formed calls that
         round off (:mod:`.formation`): its members would otherwise wait out the group's timeout. A member of the
         current round is marked lost for the next round's leader, with ``count``, its heartbeat counter as last seen
-        (:func:`~.liveness.lost_mark`). Both on the heartbeat thread's own connection: a TCPStore client serves one
+        (:func:`~.verdicts.lost_mark`). Both on the heartbeat thread's own connection: a TCPStore client serves one
         request at a time, and the training thread's may be inside a wait of seconds (the gate, the group's
         rendezvous, the next member list); this thread's beats stopped behind it, and its member, looking dead
         after 3 beats, was left out of rounds (likely how an 8-host chaos run fell from 5 members to 1)."""
@@ -184,4 +184,4 @@ class RoundGroup:
             formation.call_off(self._alarm_store, forming.number, f"worker {member} {why}")
         formed = self._formed
         if formed is not None and member in formed.members:
-            verdicts.post(self._alarm_store, keys.lost(member), lost_mark(count, why))  # for the next round's leader
+            verdicts.post(self._alarm_store, keys.lost(member), lost_mark(count, why), member)  # for the next leader

@@ -77,6 +77,7 @@ class Rounds:
             self._store.set(keys.members(1), json.dumps([s for s in numbers if registered(s)]))
             self._store.set(keys.committed(1), "0")
             self._store.set(keys.requests(1), "0")
+            self._store.set(keys.verdicts_counted(1), "0")
             self._store.set(keys.CURRENT_ROUND, "1")
         return self._wait_for(keys.members(1), seconds + SETTLE_S + self._timeouts.heartbeat)
 
@@ -198,13 +199,14 @@ class Rounds:
 
     def _decide(self, number: int, current: Round) -> None:
         requests = int(self._store.add(keys.JOIN_REQUESTS, 0))  # before the joiners are listed: none is missed
-        joiners = join_requests.pending(self._store, since=self._requests_counted(current.number))
-        floor = self._committed(current.number)
+        joiners = join_requests.pending(self._store, since=self._kept(keys.requests(current.number)))
+        floor = self._kept(keys.committed(current.number)) or 0
         # Members keep their order and joiners come last, so rank 0 (whose state everyone receives) is a member that
         # lived through the change: a worker that was cut off and asks to join again keeps its old, low number.
         wanted = current.members + sorted(set(joiners) - set(current.members))
         registered = lambda m: self._registered(number, m)  # noqa: E731
-        known = Verdicts(self._store, wanted)  # exits reported; members declared lost or suspected by watchers
+        # Exits reported; members declared lost or suspected by their watchers, since the current round formed.
+        known = Verdicts(self._store, wanted, since=self._kept(keys.verdicts_counted(current.number)))
         # Two requests a look, whatever the members (a TCPStore checks a list of keys at once), not one a member.
         live = lambda: [m for m in wanted if self._waits_for(m, known)]  # noqa: E731
         live_registered = lambda: known.look() and self._all_registered(number, live())  # noqa: E731
@@ -224,6 +226,7 @@ class Rounds:
             return  # a member saw this leader gone and abandoned the round meanwhile: agree() reads that
         self._store.set(keys.committed(number), str(most))
         self._store.set(keys.requests(number), str(requests))
+        self._store.set(keys.verdicts_counted(number), str(known.count))
         self._store.set(keys.CURRENT_ROUND, str(number))
 
     def _alive(self, member: int, known: Verdicts) -> bool:
@@ -278,17 +281,11 @@ class Rounds:
         first = next(m for m in members if steps.get(m) == most)
         return [first] + [m for m in members if m != first], most
 
-    def _requests_counted(self, number: int) -> int | None:
-        """The join requests round ``number``'s leader counted as it decided (each member read them on entering it);
-        None where it is not written (a round made by hand in a test)."""
-        key = keys.requests(number)
+    def _kept(self, key: str) -> int | None:
+        """A count a round's leader kept as it decided: its join requests and verdicts counted (each member read
+        them on entering it), the steps it started from (no later round may start from fewer). None where it is not
+        written (a round made by hand in a test, or formed before the key was kept)."""
         return int(self._store.get(key)) if self._store.check([key]) else None
-
-    def _committed(self, number: int) -> int:
-        """The steps round ``number`` started from (every member of it took them): no later round may start from
-        fewer. 0 for a round formed before this key was kept."""
-        key = keys.committed(number)
-        return int(self._store.get(key)) if self._store.check([key]) else 0
 
     def _registered(self, number: int, member: int) -> bool:
         return self._store.check([keys.registered(number, member)])

@@ -6,16 +6,19 @@ stand still for ``SUSPECT_BEATS`` beats (``suspected/<member>``, :class:`Suspici
 A suspicion posted by the watcher is what lets a host lost whole (no launcher left to report the exit) cost the
 watcher's three still beats, counted since the member's last beat, not three more beats counted from the moment the
 leader first looks: the leader had not watched that member before the round began, so its own count started only
-then (the host kind's pause in the 8-host soak, 0.40-0.54 s median, was mostly that wait: docs/elastic.md). A mark
-carries the heartbeat count its writer last saw, so it expires once the member beats again
-(:func:`~.liveness.beat_since`): a live member wrongly suspected is awaited again at its next beat.
+then (in the 8-host soak of host losses, the round phase fell from 0.31 s to 0.22 s median: docs/elastic.md). A
+mark carries the heartbeat count its writer last saw, so it expires once the member beats again
+(:func:`beat_since`): a live member wrongly suspected is awaited again at its next beat.
 
-Every verdict bumps the ``verdicts`` counter; the leader reads it each look (one request) and the marks only when it
-moved.
+Each verdict takes a ticket naming its member (the ``verdicts`` counter, ``verdicts/<k>``), as a join request does
+(:mod:`.join_requests`): a leader reads the counter each look (one request) and only the members named by the
+tickets since the current round formed, not three keys of every member it wants (3,072 requests at 1,024 members,
+on the critical path of every regroup). :meth:`Verdicts.read_all` is the full read, kept as the reference and as
+the fallback where no count was recorded or a ticket was taken but not written yet.
 
 Example::
 
-    verdicts = Verdicts(store, wanted=[1, 2, 3])
+    verdicts = Verdicts(store, wanted=[1, 2, 3], since=None)
     verdicts.look()                       # True, once the counter was read
     verdicts.gone                         # the members known gone
     verdicts.suspected(2, count=7)        # whether 2 is suspected, its heartbeat last read at 7
@@ -24,52 +27,94 @@ Example::
 from __future__ import annotations
 
 from collections.abc import Collection
+from typing import TYPE_CHECKING
 
 import torch.distributed as dist
 
 from gradsync.elastic import keys
-from gradsync.elastic.liveness import Liveness, beat_since, lost_mark
+
+if TYPE_CHECKING:
+    from gradsync.elastic.liveness import Liveness
 
 
-def post(store: dist.Store, key: str, mark: str) -> None:
-    """Set a verdict's ``key`` to ``mark``, then move the counter: a leader that sees it move finds the mark set."""
+def lost_mark(count: int, why: str) -> str:
+    """A verdict's value (``lost/<member>``, ``suspected/<member>``): the heartbeat count its watcher last saw,
+    then why. The count makes the mark expire: a worker cut off for a while (a link down, a split) comes back
+    in-process with the same number, and a mark written after it had deleted it would otherwise leave it out of
+    every round after (the 8-host soak's livelock: worker 79 left out of 160 rounds, its heartbeat moving all
+    along)."""
+    return f"{count} {why}"
+
+
+def beat_since(mark: str, count: int) -> bool:
+    """Whether the member beat after its watcher wrote ``mark`` (``count``: its counter now)."""
+    seen, _, _ = mark.partition(" ")
+    return seen.lstrip("-").isdigit() and count > int(seen)
+
+
+def post(store: dist.Store, key: str, mark: str, member: int) -> None:
+    """Set a verdict on ``member`` (``key`` to ``mark``), then take its ticket: a leader that sees the counter move
+    finds the mark set, even before the ticket is written."""
     store.set(key, mark)
-    store.add(keys.VERDICTS, 1)
+    ticket = int(store.add(keys.VERDICTS, 1))
+    store.set(keys.verdict(ticket), str(member))
 
 
 def holds(store: dist.Store, key: str, member: int) -> bool:
     """Whether the mark at ``key`` is set and ``member``'s heartbeat has not moved since it was written (a stale
-    mark, of a worker that was cut off and is back, holds against no one: :func:`~.liveness.lost_mark`)."""
+    mark, of a worker that was cut off and is back, holds against no one: :func:`lost_mark`)."""
     if not store.check([key]):
         return False
     return not beat_since(store.get(key).decode(), int(store.add(keys.beat(member), 0)))
 
 
 class Verdicts:
-    """The members of ``wanted`` known gone, and those only suspected, as posted so far; :meth:`look` reads the
-    counter, and the marks again when it moved."""
+    """The members of ``wanted`` known gone, and the suspicions posted on them, from the verdicts after the first
+    ``since`` (the count the current round recorded; None: every mark); :meth:`look` reads the counter, and the
+    members its new tickets name."""
 
-    def __init__(self, store: dist.Store, wanted: list[int]) -> None:
+    def __init__(self, store: dist.Store, wanted: list[int], since: int | None) -> None:
         self._store, self._wanted = store, wanted
-        self._count = self._verdicts()  # first: a verdict posted from here on moves the counter
         self.gone: set[int] = set()
-        self._suspicions: dict[int, str] = {}  # member: the mark its watcher posted, still holding when read
-        self._read()
+        self._suspicions: dict[int, str] = {}  # member: the mark its watcher posted, holding when it was read
+        self.count = self.counter() if since is None else since  # first: a verdict posted from here on moves it
+        if since is None:
+            self.read_all()
+        else:
+            self.look()
+
+    def counter(self) -> int:
+        """The verdicts posted so far, in all."""
+        return int(self._store.add(keys.VERDICTS, 0))
 
     def look(self) -> bool:
-        """One request: the counter; the marks only when it moved. Always True, a term of the leader's wait."""
-        count = self._verdicts()
-        if count != self._count:
-            self._count = count
-            self._read()
+        """One request: the counter; the members its new tickets name only when it moved. Always True, a term of
+        the leader's wait."""
+        count = self.counter()
+        if count != self.count:
+            tickets = [keys.verdict(t) for t in range(self.count + 1, count + 1)]
+            if self._store.check(tickets):
+                named = {int(self._store.get(t)) for t in tickets}
+                self._read([m for m in self._wanted if m in named])
+            else:  # a verdict between its count and its ticket: its mark is set, a full read finds it
+                self.read_all()
+            self.count = count
         return True
 
-    def _read(self) -> None:
+    def read_all(self) -> None:
+        """Every mark of every member wanted: three keys each."""
+        self._read(self._wanted)
+
+    def _read(self, members: list[int]) -> None:
+        """The marks of ``members`` as they are now: an exit, a loss or a suspicion that holds."""
         store = self._store
-        lost = lambda m: store.check([keys.exited(m)]) or holds(store, keys.lost(m), m)  # noqa: E731
-        self.gone = {m for m in self._wanted if lost(m)}
-        marks = {m: keys.suspected(m) for m in self._wanted if m not in self.gone}
-        self._suspicions = {m: store.get(key).decode() for m, key in marks.items() if holds(store, key, m)}
+        for member in members:
+            self.gone.discard(member)
+            self._suspicions.pop(member, None)
+            if store.check([keys.exited(member)]) or holds(store, keys.lost(member), member):
+                self.gone.add(member)
+            elif holds(store, key := keys.suspected(member), member):
+                self._suspicions[member] = store.get(key).decode()
 
     def suspected(self, member: int, count: int) -> bool:
         """Whether ``member``'s watcher posted a suspicion that still holds with its heartbeat read at ``count``
@@ -77,21 +122,22 @@ class Verdicts:
         mark = self._suspicions.get(member)
         return mark is not None and not beat_since(mark, count)
 
-    def _verdicts(self) -> int:
-        return int(self._store.add(keys.VERDICTS, 0))
-
 
 class Suspicions:
     """The suspicions one member's heartbeat thread posts: each watched member of its round whose heartbeat it saw
-    stand still for ``SUSPECT_BEATS`` beats, once per heartbeat count (a member that beats again and stops again
-    is posted again)."""
+    stand still for ``SUSPECT_BEATS`` beats, once a round per heartbeat count (a member that beats again and stops
+    again is posted again; one suspected, listed anyway, and still in the next round too, whose leader reads only
+    the verdicts since this one formed)."""
 
     def __init__(self, liveness: Liveness) -> None:
         self._liveness = liveness
-        self._posted: dict[int, int] = {}  # member: the count its last suspicion carried
+        self._round = 0
+        self._posted: dict[int, int] = {}  # member: the count its last suspicion this round carried
 
-    def post_new(self, store: dist.Store, members: Collection[int]) -> None:
-        """From the heartbeat thread, each beat, on its own connection."""
+    def post_new(self, store: dist.Store, round_number: int, members: Collection[int]) -> None:
+        """From the heartbeat thread, each beat, on its own connection: for round ``round_number`` of ``members``."""
+        if round_number != self._round:
+            self._round, self._posted = round_number, {}
         for member, still in self._liveness.suspects(members).items():
             if still == float("inf"):  # its exit was reported: a verdict already
                 continue
@@ -99,4 +145,4 @@ class Suspicions:
             if self._posted.get(member) != count:
                 self._posted[member] = count
                 why = f"its watcher, worker {self._liveness.me}, saw its heartbeat stand still for {still:.1f}s"
-                post(store, keys.suspected(member), lost_mark(count, why))
+                post(store, keys.suspected(member), lost_mark(count, why), member)
