@@ -105,7 +105,7 @@ def test_a_deciding_leader_sees_an_exit_reported_meanwhile_at_its_next_look(
     store: dist.Store, workers: list, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A worker killed inside an all-reduce: the survivors begin the next round before its launcher reports the
-    exit. The leader waiting for the live members to register reads the exits counter each look (rounds._Gone),
+    exit. The leader waiting for the live members to register reads the verdicts counter each look (verdicts.Verdicts),
     not only when its heartbeat thread next beats (2 s apart here, so the beat cannot be what sees it)."""
     monkeypatch.setattr(liveness, "HEARTBEAT_S", 2.0)
     slow = Timeouts(heartbeat=10.0, collective=10.0, admission=20)
