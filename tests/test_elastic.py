@@ -628,6 +628,9 @@ class _EveryoneAlive:
     def still_for(self, member: int) -> float:
         return 0.0
 
+    def last_count(self, member: int) -> int:
+        return 0
+
     def why_dead(self, member: int) -> str:
         return ""
 
