@@ -240,7 +240,7 @@ class Rounds:
         only at the group's timeout: it is waited for that long. Not one whose heartbeat stood still for
         ``SUSPECT_BEATS`` beats, seen by its watcher (which watched it all along: verdicts.py) or by this leader: a
         round is being decided because something failed, and a live member's heartbeat thread beats even inside a
-        collective. So a host lost whole (no launcher left to report the exit) costs three beats (4 s at 1,024
+        collective. So a host lost whole (no launcher left to report the exit) costs three beats (3 s at 1,024
         members, whose beat is slower), not the heartbeat timeout. A live member wrongly left out joins again
         in-process."""
         suspect_s = SUSPECT_BEATS * self._liveness.interval
