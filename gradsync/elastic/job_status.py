@@ -10,9 +10,7 @@ import torch.distributed as dist
 
 from gradsync.elastic import keys
 from gradsync.elastic.liveness import mark_exited
-from gradsync.runtime.env import ELASTIC_STORE_VARIABLE
 
-STORE_VARIABLE = ELASTIC_STORE_VARIABLE  # the job's store, set by `gradsync run --elastic`
 MAX_WORLD_VARIABLE = "GRADSYNC_MAX_WORLD_SIZE"  # --nnodes' maximum x --nproc-per-node, set by `gradsync run --elastic`
 WORKER_VARIABLE = "GRADSYNC_ELASTIC_WORKER"  # this process's id, so that its launcher can report its exit
 

@@ -13,14 +13,13 @@ from __future__ import annotations
 
 import torch.distributed as dist
 
-from gradsync.elastic import keys
+from gradsync.elastic import keys, tickets
 
 
 def ask(store: dist.Store, me: int) -> None:
     """Worker ``me`` asks to be admitted (again)."""
     store.set(keys.joiner(me), "1")  # first: a leader that counts the request finds the joiner marked
-    ticket = int(store.add(keys.JOIN_REQUESTS, 1))
-    store.set(keys.ticket(ticket), str(me))
+    tickets.take(store, keys.JOIN_REQUESTS, keys.ticket, me)
 
 
 def pending(store: dist.Store, since: int | None) -> list[int]:
@@ -29,11 +28,10 @@ def pending(store: dist.Store, since: int | None) -> list[int]:
     if since is None:
         return every_pending(store)
     count = int(store.add(keys.JOIN_REQUESTS, 0))
-    tickets = [keys.ticket(t) for t in range(since + 1, count + 1)]
-    if tickets and not store.check(tickets):  # a joiner between its count and its ticket
+    asking = tickets.named_since(store, keys.ticket, since, count)
+    if asking is None:  # a joiner between its count and its ticket
         return every_pending(store)
-    asking = {int(store.get(key)) for key in tickets}
-    return sorted(m for m in asking if not store.check([keys.joined(m)]))
+    return sorted(m for m in set(asking) if not store.check([keys.joined(m)]))
 
 
 def every_pending(store: dist.Store) -> list[int]:

@@ -22,7 +22,7 @@ import torch.distributed as dist
 from gradsync.elastic import job_store, join_requests, keys
 from gradsync.elastic.admission import Admission
 from gradsync.elastic.errors import JobFinished
-from gradsync.elastic.job_status import MAX_WORLD_VARIABLE, STORE_VARIABLE, WORKER_VARIABLE, job_done, job_running
+from gradsync.elastic.job_status import MAX_WORLD_VARIABLE, WORKER_VARIABLE, job_done, job_running
 from gradsync.elastic.liveness import Liveness
 from gradsync.elastic.round_group import RoundGroup
 from gradsync.elastic.rounds import Round, Rounds
@@ -30,6 +30,7 @@ from gradsync.elastic.timeouts import Timeouts
 from gradsync.elastic.verdicts import Suspicions
 from gradsync.errors import GradsyncError
 from gradsync.log import log
+from gradsync.runtime.env import ELASTIC_STORE_VARIABLE
 
 
 class Membership:
@@ -86,11 +87,11 @@ class Membership:
 
     @classmethod
     def connect(cls, timeouts: Timeouts) -> Membership:
-        where = os.environ.get(STORE_VARIABLE)
+        where = os.environ.get(ELASTIC_STORE_VARIABLE)
         if not where:
             raise GradsyncError(
                 f"elastic training needs the job's store: start the job with `gradsync run --elastic ...` (it sets "
-                f"{STORE_VARIABLE})."
+                f"{ELASTIC_STORE_VARIABLE})."
             )
         # Two clients: the heartbeat thread never shares a connection with the training thread.
         store, beat_store = job_store.open_stores(where, 2)

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 
 import torch.distributed as dist
 
-from gradsync.elastic import keys
+from gradsync.elastic import keys, tickets
 
 if TYPE_CHECKING:
     from gradsync.elastic.liveness import Liveness
@@ -56,16 +56,16 @@ def post(store: dist.Store, key: str, mark: str, member: int) -> None:
     """Set a verdict on ``member`` (``key`` to ``mark``), then take its ticket: a leader that sees the counter move
     finds the mark set, even before the ticket is written."""
     store.set(key, mark)
-    ticket = int(store.add(keys.VERDICTS, 1))
-    store.set(keys.verdict(ticket), str(member))
+    tickets.take(store, keys.VERDICTS, keys.verdict, member)
 
 
-def holds(store: dist.Store, key: str, member: int) -> bool:
-    """Whether the mark at ``key`` is set and ``member``'s heartbeat has not moved since it was written (a stale
+def holding(store: dist.Store, key: str, member: int) -> str | None:
+    """The mark at ``key``, if it is set and ``member``'s heartbeat has not moved since it was written (a stale
     mark, of a worker that was cut off and is back, holds against no one: :func:`lost_mark`)."""
     if not store.check([key]):
-        return False
-    return not beat_since(store.get(key).decode(), int(store.add(keys.beat(member), 0)))
+        return None
+    mark = store.get(key).decode()
+    return None if beat_since(mark, int(store.add(keys.beat(member), 0))) else mark
 
 
 class Verdicts:
@@ -77,10 +77,11 @@ class Verdicts:
         self._store, self._wanted = store, wanted
         self.gone: set[int] = set()
         self._suspicions: dict[int, str] = {}  # member: the mark its watcher posted, holding when it was read
-        self.count = self.counter() if since is None else since  # first: a verdict posted from here on moves it
         if since is None:
+            self.count = self.counter()  # first: a verdict posted from here on moves it
             self.read_all()
         else:
+            self.count = since
             self.look()
 
     def counter(self) -> int:
@@ -92,12 +93,11 @@ class Verdicts:
         the leader's wait."""
         count = self.counter()
         if count != self.count:
-            tickets = [keys.verdict(t) for t in range(self.count + 1, count + 1)]
-            if self._store.check(tickets):
-                named = {int(self._store.get(t)) for t in tickets}
-                self._read([m for m in self._wanted if m in named])
-            else:  # a verdict between its count and its ticket: its mark is set, a full read finds it
+            named = tickets.named_since(self._store, keys.verdict, self.count, count)
+            if named is None:  # a verdict between its count and its ticket: its mark is set, a full read finds it
                 self.read_all()
+            else:
+                self._read([m for m in self._wanted if m in named])
             self.count = count
         return True
 
@@ -111,10 +111,10 @@ class Verdicts:
         for member in members:
             self.gone.discard(member)
             self._suspicions.pop(member, None)
-            if store.check([keys.exited(member)]) or holds(store, keys.lost(member), member):
+            if store.check([keys.exited(member)]) or holding(store, keys.lost(member), member) is not None:
                 self.gone.add(member)
-            elif holds(store, key := keys.suspected(member), member):
-                self._suspicions[member] = store.get(key).decode()
+            elif (mark := holding(store, keys.suspected(member), member)) is not None:
+                self._suspicions[member] = mark
 
     def suspected(self, member: int, count: int) -> bool:
         """Whether ``member``'s watcher posted a suspicion that still holds with its heartbeat read at ``count``

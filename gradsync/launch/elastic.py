@@ -34,7 +34,6 @@ from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std, sta
 from gradsync.elastic import job_store
 from gradsync.elastic.job_status import (
     MAX_WORLD_VARIABLE,
-    STORE_VARIABLE,
     WORKER_VARIABLE,
     everyone_finished,
     job_done,
@@ -47,6 +46,7 @@ from gradsync.launch.stopped import STOPPED_VARIABLE, StopWatch
 from gradsync.log import log
 from gradsync.polling import wait_until
 from gradsync.runtime import endpoints, run_flags, store_server
+from gradsync.runtime.env import ELASTIC_STORE_VARIABLE
 
 # How often the launcher looks at its workers: a worker's exit is reported to the members this long after it at most
 # (0.2 s was up to half of a SIGKILLed worker's pause in the chaos soak). A look is a waitpid and a /proc read.
@@ -107,7 +107,7 @@ def run_elastic(args: Any, cmd: str, cmd_args: list[str]) -> int:
     where, store = _store(args)
     nproc = int(args.nproc_per_node)
     base = {k: v for k, v in os.environ.items() if not k.startswith(("RANK", "WORLD_SIZE", "MASTER_", "LOCAL_"))}
-    base.update({STORE_VARIABLE: where, "WORLD_SIZE": str(_min_nodes(args.nnodes) * nproc)})
+    base.update({ELASTIC_STORE_VARIABLE: where, "WORLD_SIZE": str(_min_nodes(args.nnodes) * nproc)})
     base["LOCAL_WORLD_SIZE"] = str(nproc)
     base[MAX_WORLD_VARIABLE] = str(run_flags.max_nodes(args.nnodes) * nproc)  # admission keeps every batch non-empty
     node = f"{args.local_addr or socket.gethostname()}:{os.getpid()}"
