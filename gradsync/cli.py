@@ -4,12 +4,13 @@
 from __future__ import annotations
 
 import sys
+import traceback
 from collections.abc import Sequence
 
-from gradsync import __version__
-from gradsync.errors import ConfigError
+from gradsync import __version__, settings
+from gradsync.errors import GradsyncError
 
-USAGE = """usage: gradsync <command> [args]
+USAGE = """usage: gradsync [-v] <command> [args]
        gradsync --version
 
 commands:
@@ -18,18 +19,48 @@ commands:
   report   summarise a trace written by a training run: gradsync report trace.json
   plan     predict step time and scaling for a topology: gradsync plan --trace trace.json --hosts 1 4 32
   bench    not installed: run `python -m bench --help` from a source checkout
+
+A refusal is one line on stderr and exit status 2; -v (or --verbose, or GRADSYNC_DEBUG=1) adds its traceback.
 """
+
+VERBOSE = ("-v", "--verbose")
+# What a command refuses with: gradsync's own errors (a bad flag, an etcd member refusing this client), and what the
+# operating system or OpenSSL says of a file or a connection the flags name. Anything else is a bug: its traceback.
+REFUSALS = (GradsyncError, OSError)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``gradsync <command>``: a user error prints one line and exits with 2, never a traceback."""
+    """``gradsync <command>``: a refusal prints one line and exits with 2; its traceback only with ``-v`` (before
+    the command or among its flags) or ``GRADSYNC_DEBUG=1``. The one place where the commands' refusals end."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    verbose = bool(argv) and argv[0] in VERBOSE
+    argv = argv[1:] if verbose else argv
     try:
         return _dispatch(argv)
-    except ConfigError as error:
-        command = argv[0] if argv else ""
-        print(f"gradsync {command}: {error.message}", file=sys.stderr)
+    except REFUSALS as error:
+        if verbose or _asks_for_tracebacks(argv):
+            traceback.print_exc()
+        print(f"gradsync {argv[0] if argv else ''}: {_one_line(error)}", file=sys.stderr)
         return 2
+
+
+def _one_line(error: BaseException) -> str:
+    said = error.message if isinstance(error, GradsyncError) else f"{type(error).__name__}: {error}"
+    return " ".join(said.split())  # a message of several lines (an OpenSSL one, say) as one
+
+
+def _asks_for_tracebacks(argv: list[str]) -> bool:
+    """``GRADSYNC_DEBUG`` on, or ``-v`` among the command's own flags (``gradsync run`` and ``gradsync doctor``
+    take it: gradsync/runtime/run_flags.py); a ``-v`` after the training script is the script's."""
+    try:
+        debug = settings.debug()
+    except GradsyncError:
+        debug = False  # a malformed GRADSYNC_DEBUG is refused where it is read; here it asks for nothing
+    if debug or len(argv) < 2 or argv[0] not in ("run", "doctor"):
+        return debug
+    from gradsync.runtime import run_flags
+
+    return run_flags.verbose(argv[1:])
 
 
 def _dispatch(argv: list[str]) -> int:

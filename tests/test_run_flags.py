@@ -82,6 +82,7 @@ def test_every_flag_of_gradsync_run_is_in_the_table_or_used_by_every_mode() -> N
         "help nnodes nproc_per_node max_restarts module no_python run_path log_dir local_addr".split()
     )
     used_everywhere |= {"elastic", "store"}  # they choose the mode (--store without --elastic is refused)
+    used_everywhere |= {"verbose"}  # a refusal's traceback (gradsync/cli.py)
     dests = {a.dest for a in run_flags.parser()._actions} - {"training_script", "training_script_args"}
     assert dests == set(UNUSED) | used_everywhere, dests ^ (set(UNUSED) | used_everywhere)
 

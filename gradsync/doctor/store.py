@@ -97,10 +97,24 @@ def check_etcd(job: Job) -> Result:
         return Result(name, "skip", "no --store: the rendezvous host's launcher serves the job's store")
     try:
         endpoints, _ = parse_endpoints(job.store)
-        access = etcd_access.from_flags(job.store, job.store_conf)
     except ConfigError as exc:
         return Result(name, "fail", exc.message, "give the members as etcd://HOST:PORT,HOST:PORT,...")
-    answers = {endpoint: _member_status(endpoint, access) for endpoint in endpoints}
+    try:
+        access = etcd_access.from_flags(job.store, job.store_conf)
+    except ConfigError as exc:
+        return Result(name, "fail", exc.message, "fix --rdzv-conf as said: gradsync run refuses it too")
+    result = _members(job, endpoints, access)
+    exposed = etcd_access.exposed(access)
+    if exposed and result.status == "ok":
+        return Result(name, "warn", f"{result.detail}; {' '.join(exposed)}", "chmod 600 each file named")
+    return result
+
+
+def _members(job: Job, endpoints: list[str], access: EtcdAccess) -> Result:
+    """Each member's answer to the job's own client, judged: all serve, a majority, or too few."""
+    name = "etcd store"
+    prefix = f"gradsync/{job.job_name}/" if job.job_name != "none" else None
+    answers = {endpoint: _member_status(endpoint, access, prefix) for endpoint in endpoints}
     refused = [what for endpoint, (_, what) in answers.items() if what.startswith("refused this client")]
     if refused:
         return Result(name, "fail", "; ".join(refused), "fix what it names; the job's clients would be refused too")
@@ -114,9 +128,9 @@ def check_etcd(job: Job) -> Result:
     return Result(name, "fail", f"{detail} (no majority serves: the job cannot coordinate)", fix)
 
 
-def _member_status(endpoint: str, access: EtcdAccess) -> tuple[bool, str]:
+def _member_status(endpoint: str, access: EtcdAccess, prefix: str | None) -> tuple[bool, str]:
     """(whether the member serves with a leader, what it said): one request, tried once."""
-    client = EtcdClient([endpoint], request_s=CONNECT_S, unavailable_s=0.0, access=access)
+    client = EtcdClient([endpoint], request_s=CONNECT_S, unavailable_s=0.0, access=access, prefix=prefix)
     try:
         status = client.call("/v3/maintenance/status", {})
     except EtcdRefused as exc:

@@ -29,6 +29,7 @@ from typing import Any
 from gradsync.elastic import etcd_refusal
 from gradsync.elastic.etcd_refusal import EtcdRefused
 from gradsync.errors import ConfigError, GradsyncError
+from gradsync.runtime import etcd_access
 from gradsync.runtime.endpoints import split
 from gradsync.runtime.etcd_access import EtcdAccess
 
@@ -89,7 +90,7 @@ class _Failures:
 
 class EtcdClient:
     """POSTs to etcd's JSON gateway, failing over between ``endpoints`` (``host:port``), with ``access``'s TLS
-    settings and user."""
+    settings and user; ``prefix``: the keys it is for (a job's ``gradsync/<job>/``), named in a refusal."""
 
     def __init__(
         self,
@@ -97,6 +98,7 @@ class EtcdClient:
         request_s: float = REQUEST_S,
         unavailable_s: float = UNAVAILABLE_S,
         access: EtcdAccess | None = None,
+        prefix: str | None = None,
     ) -> None:
         if not endpoints:
             raise GradsyncError("an etcd store needs at least one endpoint (host:port), e.g. etcd://node0:2379")
@@ -104,6 +106,9 @@ class EtcdClient:
         self.request_s = request_s
         self.unavailable_s = unavailable_s
         self.access = access or EtcdAccess()
+        self.prefix = prefix  # the keys it reads and writes, for a permission refusal to name
+        # Checked here too, not only by the launcher: no client sends a password over plain http unless told to.
+        etcd_access.refuse_cleartext(self.access, "etcd://" + ",".join(self.endpoints))
         self._context = self.access.ssl_context()
         self._local = threading.local()  # per thread: (endpoint index, connection)
         # Since when no request was served, once one failed: the next tries each member once, not for unavailable_s.
@@ -239,7 +244,7 @@ class EtcdClient:
         message = str(payload.get("error") or payload.get("message") or payload)
         if status == 401 and "invalid auth token" in message:
             raise _TokenExpired
-        refusal = etcd_refusal.of_answer(endpoint, path, status, message, self.access)
+        refusal = etcd_refusal.of_answer(endpoint, path, status, message, self.access, self.prefix)
         if refusal is not None:
             raise refusal
         # etcd answers 503-like errors while it elects a leader or has none: another member may serve it.

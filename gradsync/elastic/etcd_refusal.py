@@ -99,8 +99,11 @@ def _speaks_tls(endpoint: str, timeout: float) -> bool:
         return False
 
 
-def of_answer(endpoint: str, path: str, status: int, message: str, access: EtcdAccess) -> EtcdRefused | None:
-    """What etcd's answer ``status``, ``message`` to ``path`` says about this client's access, or None."""
+def of_answer(
+    endpoint: str, path: str, status: int, message: str, access: EtcdAccess, prefix: str | None = None
+) -> EtcdRefused | None:
+    """What etcd's answer ``status``, ``message`` to ``path`` says about this client's access (whose keys are under
+    ``prefix``, where known), or None."""
     said = f"etcd member {endpoint} refused {path}: {message!r}"
     if _GATEWAY_CN in message:
         return EtcdRefused(
@@ -119,17 +122,20 @@ def of_answer(endpoint: str, path: str, status: int, message: str, access: EtcdA
             "auth enable) or drop user= and password_file= from --rdzv-conf."
         )
     if status == 403 or "permission denied" in message or "user name is empty" in message:
-        return EtcdRefused(f"{said}. {_permission(access)}")
+        return EtcdRefused(f"{said}. {_permission(access, prefix)}")
     return None
 
 
-def _permission(access: EtcdAccess) -> str:
+def _permission(access: EtcdAccess, prefix: str | None) -> str:
     if access.user is None:
         return (
             "The cluster has auth enabled: give user=NAME and password_file=PATH in --rdzv-conf (or the password in "
             f"${PASSWORD_VARIABLE})."
         )
+    # The job's own keys, not gradsync/: a user of every job could read and overwrite every other job's state.
+    keys = prefix or "gradsync/<--rdzv-id>/"
+    role = f"gradsync-{prefix.removeprefix('gradsync/').strip('/')}" if prefix else "gradsync"
     return (
-        f"Grant user {access.user} read and write on the job's keys: etcdctl role add gradsync; etcdctl role "
-        f"grant-permission gradsync --prefix=true readwrite gradsync/; etcdctl user grant-role {access.user} gradsync"
+        f"Grant user {access.user} read and write on this job's keys, {keys}: etcdctl role add {role}; etcdctl role "
+        f"grant-permission {role} --prefix=true readwrite {keys}; etcdctl user grant-role {access.user} {role}"
     )

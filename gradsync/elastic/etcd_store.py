@@ -73,7 +73,7 @@ class EtcdStore(dist.Store):
         access: EtcdAccess | None = None,
     ) -> None:
         super().__init__()
-        self.client = client or EtcdClient(endpoints, unavailable_s=unavailable_s, access=access)
+        self.client = client or EtcdClient(endpoints, unavailable_s=unavailable_s, access=access, prefix=prefix)
         self.prefix = prefix
         self.set_timeout(timeout)
 

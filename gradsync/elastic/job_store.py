@@ -49,8 +49,9 @@ def open_stores(where: str, count: int, timeout: float = 60.0) -> list[dist.Stor
     wait = datetime.timedelta(seconds=timeout)
     if is_etcd(where):
         endpoints, job = parse_endpoints(where)
-        client = EtcdClient(endpoints, access=etcd_access.from_url(where)[1])
-        return [EtcdStore(endpoints, prefix=f"gradsync/{job}/", timeout=wait, client=client) for _ in range(count)]
+        prefix = f"gradsync/{job}/"
+        client = EtcdClient(endpoints, access=etcd_access.from_url(where)[1], prefix=prefix)
+        return [EtcdStore(endpoints, prefix=prefix, timeout=wait, client=client) for _ in range(count)]
     host, port = split(where, where)
     return [dist.TCPStore(host, port, is_master=False, timeout=wait) for _ in range(count)]
 

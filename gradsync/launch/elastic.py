@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import glob
 import os
 import signal
 import socket
@@ -42,6 +43,7 @@ from gradsync.elastic.job_status import (
 )
 from gradsync.elastic.state import REJOIN_VARIABLE
 from gradsync.errors import ConfigError
+from gradsync.launch.run import exception_line
 from gradsync.launch.stopped import STOPPED_VARIABLE, StopWatch
 from gradsync.log import log
 from gradsync.polling import wait_until
@@ -130,19 +132,39 @@ def run_elastic(args: Any, cmd: str, cmd_args: list[str]) -> int:
                 _poll(w, cmd, tuple(cmd_args), base, args, job)
     if job.lost:  # found when the last worker here exited
         return _stop_without_store(workers, job)
-    if store is not None:
+    same_error = _one_error(workers, args.log_dir)
+    if store is not None and same_error is None:
         # the other hosts' workers may still read their last keys, and their launchers look for the end
         _wait_for_everyone(store, other_launchers=run_flags.max_nodes(args.nnodes) > 1)
     job.look(again=True)
     # Once the members finished, a worker that failed meanwhile (cut off, then too late to rejoin) costs nothing.
     failed = [] if job.done else [w for w in workers if w.exit_codes and w.exit_codes[-1] != 0]
-    _say_why_failed(failed, job, args.log_dir)
+    _say_why_failed(failed, job, args.log_dir, same_error)
     return 1 if failed else 0
 
 
-def _say_why_failed(failed: list[Worker], job: Job, log_dir: str) -> None:
+def _one_error(workers: list[Worker], log_dir: str) -> str | None:
+    """The error every worker here failed with for good, where it is one and the same (a script that cannot run
+    here: the members are not waited for, nothing would change); else None."""
+    errors = {_last_error(w, log_dir) if w.exit_codes and w.exit_codes[-1] != 0 else None for w in workers}
+    return errors.pop() if len(errors) == 1 else None
+
+
+def _last_error(worker: Worker, log_dir: str) -> str | None:
+    """The ``SomeError: message`` line that ended the worker's last attempt, from its stderr log."""
+    folder = os.path.join(log_dir, f"worker{worker.local_rank}-{worker.restarts}")
+    logs = glob.glob(os.path.join(folder, "**", "stderr.log"), recursive=True)
+    if not logs:
+        return None
+    with open(logs[0], errors="replace") as fh:
+        return exception_line([line.rstrip("\n") for line in fh])
+
+
+def _say_why_failed(failed: list[Worker], job: Job, log_dir: str, same_error: str | None) -> None:
     if job.state_lost:
         log.error(f"gradsync run --elastic: the job cannot go on: {job.state_lost}")
+    if same_error is not None:
+        log.error(f"gradsync run --elastic: every worker here failed with the same error: {same_error}")
     for w in failed:
         log.error(
             f"gradsync run --elastic: local worker {w.local_rank} failed for good after {w.restarts} restart(s) "

@@ -28,7 +28,8 @@ from torch.distributed.run import config_from_args
 
 from gradsync.elastic.etcd_store import parse_endpoints
 from gradsync.launch import rendezvous, watchdog
-from gradsync.runtime import run_flags, store_server
+from gradsync.log import log
+from gradsync.runtime import etcd_access, run_flags, store_server
 from gradsync.runtime.endpoints import split
 
 STDERR_TAIL_LINES = 15
@@ -44,6 +45,8 @@ def _prepare(argv: Sequence[str]):
     run_flags.check(args, run_flags.given(argv))
     if args.store:
         parse_endpoints(args.store)  # each member resolves
+        for exposed in etcd_access.exposed(etcd_access.from_flags(args.store, args.rdzv_conf)):
+            log.warning(f"gradsync run: {exposed}")  # once, here: the workers are handed the same files
     where = run_flags.endpoint(args)
     if where is not None:  # the job's store is a TCPStore (not etcd's): where, and who serves it
         _serve_the_rendezvous(args, where)
@@ -96,7 +99,7 @@ def failure_report(error: ChildFailedError, log_dir: str, max_restarts: int) -> 
     host = os.uname().nodename
     first_rank, first = error.get_first_failure()
     tails = {rank: _stderr_tail(log_dir, f.local_rank) for rank, f in error.failures.items()}
-    raised = _exception_line(tails[first_rank])
+    raised = exception_line(tails[first_rank])
     lines = [
         f"gradsync run: rank {first_rank} failed first{': ' + raised if raised else ''} ({_how(first)}); the job "
         f"stopped after {max_restarts} restart(s) allowed (--max-restarts)."
@@ -122,8 +125,9 @@ _RANK_PREFIX = re.compile(r"^\[rank\d+\]: ?")
 _EXCEPTION = re.compile(r"^(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception|Exit|Interrupt)(?::.*)?$")
 
 
-def _exception_line(tail: list[str]) -> str | None:
-    """The last ``SomeError: message`` line of a worker's stderr: what the user's script raised."""
+def exception_line(tail: list[str]) -> str | None:
+    """The last ``SomeError: message`` line of a worker's stderr: what the user's script raised (shared with
+    gradsync/launch/elastic.py)."""
     for line in reversed(tail):
         text = _RANK_PREFIX.sub("", line)
         if _EXCEPTION.match(text):

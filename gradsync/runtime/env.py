@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-import math
 import os
 import re
 import socket
@@ -69,6 +68,12 @@ def discover(environ: dict[str, str] | None = None) -> dict[str, str]:
     for this process: taken as they are from torchrun/``gradsync run``, mapped from SLURM under ``srun``, or those
     of a lone process."""
     env = dict(os.environ if environ is None else environ)
+    if in_elastic_job(env) and "RANK" not in env:
+        raise ConfigError(
+            "this worker was started by gradsync run --elastic, whose workers have no fixed RANK (they join rounds): "
+            "the script must call gradsync.elastic.init() in place of gradsync.init(), and train in a "
+            "gradsync.elastic.State (docs/elastic.md). Or run the script without --elastic."
+        )
     if ("RANK" in env) != ("WORLD_SIZE" in env):
         have, missing = ("RANK", "WORLD_SIZE") if "RANK" in env else ("WORLD_SIZE", "RANK")
         raise ConfigError(
@@ -184,9 +189,10 @@ def _timeout(timeout: float | datetime.timedelta | None) -> datetime.timedelta:
     if timeout is None:
         return datetime.timedelta(seconds=settings.timeout_seconds(DEFAULT_TIMEOUT_S))
     seconds = timeout.total_seconds() if isinstance(timeout, datetime.timedelta) else timeout
-    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not 0 < seconds < math.inf:
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not 0 < seconds <= settings.MAX_SECONDS:
         raise ConfigError(
-            f"init(timeout={timeout!r}): the timeout must be > 0 (seconds, or a datetime.timedelta): how long a "
+            f"init(timeout={timeout!r}): the timeout must be > 0 (seconds, or a datetime.timedelta; at most "
+            f"{settings.MAX_SECONDS:.0e}): how long a "
             "collective may wait for the other ranks before failing. Leave it None for GRADSYNC_TIMEOUT or 600 s."
         )
     return datetime.timedelta(seconds=seconds)

@@ -11,7 +11,10 @@ them for every job (``PET_RDZV_ENDPOINT`` beside ``--store etcd://...``), whatev
 from __future__ import annotations
 
 import argparse
-from collections.abc import Sequence
+import dataclasses
+import math
+from collections.abc import Callable, Sequence
+from typing import NoReturn
 
 from torch.distributed.run import get_args_parser
 
@@ -63,6 +66,13 @@ def parser(prog: str = "gradsync run", script: bool = True) -> argparse.Argument
     the training script may be left out (``gradsync doctor``)."""
     p = get_args_parser()
     p.prog = prog
+    p.error = _refuse(prog)  # type: ignore[method-assign]  # one line (gradsync/cli.py), not argparse's usage and exit
+    p.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="gradsync: with a refusal, print its traceback too (as GRADSYNC_DEBUG=1 does)",
+    )
     p.add_argument(
         "--watchdog",
         type=float,
@@ -84,12 +94,50 @@ def parser(prog: str = "gradsync run", script: bool = True) -> argparse.Argument
         "rendezvous host's launcher, so that the job survives losing any one host; the job's keys live under "
         "gradsync/<--rdzv-id>/",
     )
+    for action in p._actions:
+        if action.type is float:  # every float flag is a duration (seconds): NaN, inf, 0 and below mean nothing
+            action.type = Seconds(flag_name(action.dest))
     if not script:
         for action in p._actions:  # argparse has no public way to make a positional optional once added
             if action.dest in ("training_script", "training_script_args"):
                 action.required = False
                 action.nargs = "?" if action.dest == "training_script" else argparse.REMAINDER
     return p
+
+
+def _refuse(prog: str) -> Callable[[str], NoReturn]:
+    """argparse's errors ("argument --nnodes: expected one argument") as gradsync's: one line, exit 2
+    (gradsync/cli.py), not its usage."""
+
+    def error(message: str) -> NoReturn:
+        raise ConfigError(f"{message.removeprefix('argument ')} ({prog} --help lists the flags)")
+
+    return error
+
+
+@dataclasses.dataclass(frozen=True)
+class Seconds:
+    """The parser of every float flag (each one a duration): a finite number of seconds > 0. ``float("nan")``
+    would make a watchdog that never fires, ``inf`` or 0 one that means nothing."""
+
+    flag: str
+
+    def __call__(self, text: str) -> float:
+        try:
+            seconds = float(text)
+        except ValueError:
+            seconds = math.nan
+        if not (0 < seconds < math.inf):
+            raise argparse.ArgumentTypeError(f"{text!r}: give a finite number of seconds > 0.")
+        return seconds
+
+
+def verbose(argv: Sequence[str]) -> bool:
+    """Whether ``-v``/``--verbose`` is among these flags (not among the training script's arguments)."""
+    try:
+        return bool(parser(script=False).parse_known_args(list(argv))[0].verbose)
+    except ConfigError:
+        return False
 
 
 def given(argv: Sequence[str], script: bool = True) -> set[str]:
@@ -113,8 +161,6 @@ def flag_name(dest: str) -> str:
 def check(args: argparse.Namespace, given_flags: set[str]) -> None:
     """Refuse, in one line that names the flag, what ``gradsync run`` would only fail on later (or ignore): bad
     values, a store that needs what it was not given, and a flag the mode does not use. Resolves no name."""
-    if args.watchdog is not None and args.watchdog <= 0:
-        raise ConfigError(f"--watchdog {args.watchdog}: give the seconds without progress to allow, > 0.")
     _check_nproc(args.nproc_per_node)
     _check_nnodes(args.nnodes, args.standalone)
     if args.max_restarts < 0:
