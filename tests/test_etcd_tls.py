@@ -10,6 +10,9 @@ token whose renewal fails) must fail within seconds, naming the member and what 
 from __future__ import annotations
 
 import dataclasses
+import re
+import socket
+import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -17,9 +20,11 @@ from pathlib import Path
 
 import pytest
 
+from gradsync import cli
+from gradsync.doctor import job as doctor_job
 from gradsync.doctor.job import Job as DoctorJob
 from gradsync.doctor.store import check_etcd
-from gradsync.elastic import job_store
+from gradsync.elastic import etcd_refusal, job_store
 from gradsync.elastic.etcd_client import EtcdClient
 from gradsync.elastic.etcd_refusal import EtcdRefused
 from gradsync.elastic.etcd_store import EtcdStore
@@ -157,9 +162,15 @@ REFUSALS: dict[str, tuple[Callable[[Secured], dict], str]] = {
         lambda s: {"cert": str(s.files.named_client_cert), "key": str(s.files.named_client_key)},
         "no CN",
     ),
-    "plain http": (lambda s: {"tls": False, "cacert": None, "cert": None, "key": None}, "etcd+https://"),
+    "plain http": (
+        lambda s: {"tls": False, "cacert": None, "cert": None, "key": None, "password_over_http": True},
+        "etcd+https://",
+    ),
     "no user": (lambda s: {"user": None, "password_file": None}, "give user=NAME"),
-    "a user without permission": (lambda s: {"user": "nobody"}, "etcdctl user grant-role nobody"),
+    "a user without permission": (
+        lambda s: {"user": "nobody"},
+        "readwrite gradsync/tls/; etcdctl user grant-role nobody",
+    ),
 }
 
 
@@ -197,7 +208,8 @@ def test_tls_and_a_user_against_a_plain_cluster_are_refused(plain: etcd_cluster.
     endpoints = [m.endpoint for m in plain.members]
     said, seconds = _refusal(endpoints, EtcdAccess(tls=True, cacert=str(secured.files.ca)))
     assert "does not complete a TLS handshake" in said and seconds < REFUSED_WITHIN_S
-    said, _ = _refusal(endpoints, EtcdAccess(user="trainer", password_file=str(secured.password_file)))
+    over_http = EtcdAccess(user="trainer", password_file=str(secured.password_file), password_over_http=True)
+    said, _ = _refusal(endpoints, over_http)
     assert "auth disabled" in said
 
 
@@ -226,8 +238,13 @@ def test_a_launcher_whose_password_is_wrong_stops_at_once_saying_so(secured: Sec
     began = time.monotonic()
     job = launch_on_loopback(tmp_path, secured.etcd.url, {}, rdzv_conf=conf)
     output = job.communicate(timeout=60)[0]
-    assert job.returncode != 0 and "authentication failed" in output and "hunter2" not in output, output[-3000:]
+    assert job.returncode == 2 and "authentication failed" in output and "hunter2" not in output, output[-3000:]
     assert time.monotonic() - began < 30
+    # the CLI's rule, for a refusal from the server too: one line, exit 2; the traceback only when asked for
+    assert "Traceback" not in output and output.splitlines()[-1].startswith("gradsync run: etcd member"), output
+    job = launch_on_loopback(tmp_path, secured.etcd.url, {"GRADSYNC_DEBUG": "1"}, rdzv_conf=conf)
+    output = job.communicate(timeout=60)[0]
+    assert job.returncode == 2 and "Traceback" in output and "EtcdRefused" in output, output[-3000:]
 
 
 @needs_etcd
@@ -242,10 +259,16 @@ def test_doctor_checks_the_members_with_the_jobs_settings(secured: Secured) -> N
 
 
 # ------------------------------------------------------------------------------ the settings, without etcd
-def test_torchruns_spelling_and_its_etcd_v2_aliases_mean_the_same(tmp_path: Path) -> None:
-    for name in ("ca", "crt", "key"):
-        (tmp_path / name).write_text("x")
-    ca, crt, key = (str(tmp_path / n) for n in ("ca", "crt", "key"))
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> certs.Files:
+    """Certificates without a cluster: what --rdzv-conf's files are checked against when the flags are read."""
+    if certs.available() is not None:
+        pytest.skip(str(certs.available()))
+    return certs.make(tmp_path_factory.mktemp("pki"))
+
+
+def test_torchruns_spelling_and_its_etcd_v2_aliases_mean_the_same(pki: certs.Files) -> None:
+    ca, crt, key = str(pki.ca), str(pki.client_cert), str(pki.client_key)
     torchrun = etcd_access.from_flags("etcd://h:2379", f"protocol=https,cacert={ca},cert={crt},key={key}")
     v2 = etcd_access.from_flags("etcd://h:2379", f"protocol=https,ca_cert={ca},ssl_cert={crt},ssl_cert_key={key}")
     by_scheme = etcd_access.from_flags("etcd+https://h:2379", f"cacert={ca},cert={crt},key={key}")
@@ -283,9 +306,8 @@ def test_a_setting_that_would_not_work_is_refused_by_name(store: str, conf: str,
     assert "hunter2" not in refused.value.message
 
 
-def test_gradsync_run_takes_the_settings_with_store_and_refuses_a_query_in_it(tmp_path: Path) -> None:
-    (tmp_path / "ca").write_text("x")
-    argv = ["--elastic", "--store", "etcd+https://h:2379", "--rdzv-id", "j", "--rdzv-conf", f"cacert={tmp_path}/ca"]
+def test_gradsync_run_takes_the_settings_with_store_and_refuses_a_query_in_it(pki: certs.Files) -> None:
+    argv = ["--elastic", "--store", "etcd+https://h:2379", "--rdzv-id", "j", "--rdzv-conf", f"cacert={pki.ca}"]
     args = run_flags.parser().parse_args([*argv, "train.py"])
     run_flags.check(args, run_flags.given([*argv, "train.py"]))
     args.store += "?cacert=x"
@@ -309,3 +331,133 @@ def test_a_refusal_mid_job_loses_the_store_at_once_with_its_reason() -> None:
     retrying would only meet the same answer."""
     said = job_store.gone_now(EtcdRefused("etcd user trainer's token expired, and making a new one failed: ..."))
     assert said is not None and "token expired" in said
+
+
+# ------------------------------------------------------------------------------ bad files, refused when read
+def _not_pem(f: certs.Files, tmp: Path) -> str:
+    (tmp / "notes.txt").write_text("not a certificate\n")
+    return str(tmp / "notes.txt")
+
+
+def _der(f: certs.Files, tmp: Path) -> str:
+    subprocess.run(["openssl", "x509", "-in", f.ca, "-outform", "der", "-out", tmp / "ca.der"], check=True)
+    return str(tmp / "ca.der")
+
+
+def _encrypted(f: certs.Files, tmp: Path) -> str:
+    out = tmp / "encrypted.key"
+    argv = ["openssl", "pkey", "-in", f.client_key, "-aes256", "-passout", "pass:secret", "-out", out]
+    subprocess.run(argv, check=True, capture_output=True)
+    return str(out)
+
+
+# case: (the --rdzv-conf key given a bad file, the file, what the refusal says)
+BAD_FILES: dict[str, tuple[str, Callable[[certs.Files, Path], str], str]] = {
+    "a directory as cacert": ("cacert", lambda f, tmp: str(tmp), "is a directory"),
+    "a missing cacert": ("cacert", lambda f, tmp: str(tmp / "missing.crt"), "no such file"),
+    "a cacert that is not PEM": ("cacert", _not_pem, "is not a PEM CA certificate"),
+    "a cacert in DER": ("cacert", _der, "openssl x509 -inform der"),
+    "a cert that is not PEM": ("cert", _not_pem, "is not a PEM client certificate"),
+    "a key that is not PEM": ("key", _not_pem, "is not a PEM client key"),
+    "a key that is not the certificate's": ("key", lambda f, tmp: str(f.other_client_key), "not the certificate's"),
+    "a key with a passphrase": ("key", _encrypted, "is encrypted"),
+    "a missing password file": ("password_file", lambda f, tmp: str(tmp / "missing"), "no such file"),
+    "a directory as password file": ("password_file", lambda f, tmp: str(tmp), "is a directory"),
+}
+
+
+def _bad_conf(pki: certs.Files, tmp: Path, case: str) -> tuple[str, str, str]:
+    """(--rdzv-conf with the case's bad file in an otherwise good set, the key=path it must name, the words)."""
+    name, make, words = BAD_FILES[case]
+    good = {"cacert": str(pki.ca), "cert": str(pki.client_cert), "key": str(pki.client_key), "user": "trainer"}
+    good["password_file"] = str(tmp / "password")
+    (tmp / "password").write_text(PASSWORD)
+    conf = good | {name: make(pki, tmp)}
+    return ",".join(f"{k}={v}" for k, v in conf.items()), f"{name}={conf[name]}", words
+
+
+@pytest.mark.parametrize("case", sorted(BAD_FILES))
+def test_a_bad_file_is_refused_when_the_flags_are_read_naming_its_key_and_path(
+    pki: certs.Files, tmp_path: Path, case: str
+) -> None:
+    conf, named, words = _bad_conf(pki, tmp_path, case)
+    with pytest.raises(ConfigError, match=re.escape(words)) as refused:
+        etcd_access.from_flags("etcd+https://127.0.0.1:2379", conf)
+    assert f"--rdzv-conf {named}" in refused.value.message or named in refused.value.message, refused.value.message
+
+
+@pytest.mark.parametrize("case", sorted(BAD_FILES))
+def test_gradsync_run_and_doctor_refuse_a_bad_file_in_one_line(
+    pki: certs.Files, tmp_path: Path, case: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Before any connection: gradsync run exits 2 with one line; doctor fails its flags and its etcd rows."""
+    conf, named, words = _bad_conf(pki, tmp_path, case)
+    argv = ["--elastic", "--store", "etcd+https://127.0.0.1:9", "--rdzv-id", "j", "--rdzv-conf", conf]
+    assert cli.main(["run", *argv, "train.py"]) == 2
+    said = capsys.readouterr().err.splitlines()
+    assert len(said) == 1 and said[0].startswith("gradsync run: ") and named in said[0] and words in said[0], said
+    job, _ = doctor_job.parse(argv)
+    assert job.refused is not None and named in job.refused
+    etcd_row = check_etcd(job)
+    assert etcd_row.status == "fail" and named in etcd_row.detail and words in etcd_row.detail, etcd_row
+
+
+# ------------------------------------------------------------------------------ secure by default
+def test_a_password_over_plain_http_is_refused_unless_the_operator_allows_it(tmp_path: Path) -> None:
+    (tmp_path / "pw").write_text(PASSWORD)
+    conf = f"user=trainer,password_file={tmp_path / 'pw'}"
+    with pytest.raises(ConfigError, match="Write --store etcd\\+https://h1:2379,h2:2379 ") as refused:
+        etcd_access.from_flags("etcd://h1:2379,h2:2379", conf)
+    assert "cleartext" in refused.value.message and "password_over_http=1" in refused.value.message
+    with pytest.raises(ConfigError, match="cleartext"):  # the client too: nothing it makes sends it over http
+        EtcdClient(["h1:2379"], access=EtcdAccess(user="trainer"))
+    allowed = etcd_access.from_flags("etcd://h1:2379", conf + ",password_over_http=1")
+    assert (
+        allowed.password_over_http
+        and etcd_access.from_url(job_store.etcd_url("etcd://h1:2379", "j", conf + ",password_over_http=1"))[1]
+        == allowed
+    )
+    EtcdClient(["h1:2379"], access=allowed)
+
+
+def test_gradsync_run_sends_no_password_to_a_plain_http_member(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A listener where the etcd member would be: the launcher refuses before it connects."""
+    (tmp_path / "pw").write_text(PASSWORD)
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        listener.settimeout(0.5)
+        port = listener.getsockname()[1]
+        conf = f"user=trainer,password_file={tmp_path / 'pw'}"
+        argv = ["run", "--elastic", "--store", f"etcd://127.0.0.1:{port}", "--rdzv-id", "j", "--rdzv-conf", conf]
+        assert cli.main([*argv, "train.py"]) == 2
+        with pytest.raises(TimeoutError):
+            listener.accept()
+    assert f"etcd+https://127.0.0.1:{port}" in capsys.readouterr().err
+
+
+def test_a_key_or_password_file_others_can_read_is_warned_about_as_ssh_does(pki: certs.Files, tmp_path: Path) -> None:
+    key, password = tmp_path / "client.key", tmp_path / "password"
+    key.write_bytes(pki.client_key.read_bytes())
+    password.write_text(PASSWORD)
+    conf = f"cacert={pki.ca},cert={pki.client_cert},key={key},user=trainer,password_file={password}"
+    for path in (key, password):
+        path.chmod(0o600)
+    assert etcd_access.exposed(etcd_access.from_flags("etcd+https://h:2379", conf)) == []
+    key.chmod(0o640)
+    password.chmod(0o644)
+    said = etcd_access.exposed(etcd_access.from_flags("etcd+https://h:2379", conf))
+    assert [f"key={key}" in said[0], f"password_file={password}" in said[1]] == [True, True], said
+    assert f"chmod 600 {key}" in said[0] and "(mode 0640)" in said[0] and PASSWORD not in " ".join(said)
+
+
+def test_the_permission_hint_names_the_jobs_own_prefix() -> None:
+    access = EtcdAccess(tls=True, user="trainer")
+    said = etcd_refusal.of_answer("h:2379", "/v3/kv/put", 403, "permission denied", access, "gradsync/job-1/")
+    assert (
+        said is not None and "readwrite gradsync/job-1/;" in said.message and "readwrite gradsync/;" not in said.message
+    )
+    unknown = etcd_refusal.of_answer("h:2379", "/v3/kv/put", 403, "permission denied", access)
+    assert unknown is not None and "gradsync/<--rdzv-id>/" in unknown.message

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import json
 import os
+import ssl
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
+from gradsync.elastic.etcd_refusal import EtcdRefused
 from gradsync.runtime.env import discover, expand_slurm_nodelist
 from gradsync.testing import free_port
 
@@ -161,3 +164,127 @@ def test_the_elastic_pytorchjobs_command_reads_the_operators_elastic_variables(m
     assert args.elastic and args.store.startswith("etcd://") and args.rdzv_id == "gradsync-elastic"
     assert (args.nnodes, args.nproc_per_node, args.max_restarts) == ("2:3", "1", 5)
     assert args.training_script == "train.py"
+
+
+# ------------------------------------------------------------------------------ the CLI's contract
+def _one_refusal(capsys: pytest.CaptureFixture[str], command: str = "run") -> str:
+    said = capsys.readouterr().err.splitlines()
+    assert len(said) == 1 and said[0].startswith(f"gradsync {command}: "), said
+    return said[0]
+
+
+NOT_A_DURATION = ["nan", "inf", "-inf", "0", "-1", "1e400", "abc", ""]
+
+
+@pytest.mark.parametrize("value", NOT_A_DURATION)
+def test_every_float_flag_refuses_what_is_not_a_duration(value: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """Generated from the parser: each float flag (torchrun's and gradsync's) is parsed as seconds, > 0 and finite,
+    by gradsync run and gradsync doctor alike (--watchdog nan would be a watchdog that never fires)."""
+    from torch.distributed.run import get_args_parser
+
+    from gradsync import cli
+    from gradsync.runtime import run_flags
+
+    checked = {a.dest for a in run_flags.parser()._actions if isinstance(a.type, run_flags.Seconds)}
+    assert checked >= {a.dest for a in get_args_parser()._actions if a.type is float} | {"watchdog"}, checked
+    for dest in sorted(checked):
+        flag = run_flags.flag_name(dest)
+        for command in ("run", "doctor"):
+            assert cli.main([command, f"{flag}={value}", "train.py"]) == 2
+            said = _one_refusal(capsys, command)
+            assert flag in said and "finite number of seconds > 0" in said, said
+
+
+def test_a_refusal_is_one_line_and_its_traceback_is_shown_when_asked(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from gradsync import cli
+
+    monkeypatch.delenv("GRADSYNC_DEBUG", raising=False)
+    bad = ["--watchdog", "nan", "train.py"]
+    for argv in (["run", *bad], ["run", *bad, "-v"]):  # a -v after the script is the script's
+        assert cli.main(argv) == 2
+        _one_refusal(capsys)
+    for argv in (["-v", "run", *bad], ["run", "--verbose", *bad], ["doctor", "-v", *bad]):
+        assert cli.main(argv) == 2
+        assert "Traceback (most recent call last)" in capsys.readouterr().err, argv
+    monkeypatch.setenv("GRADSYNC_DEBUG", "1")
+    assert cli.main(["run", *bad]) == 2
+    assert "Traceback (most recent call last)" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "error",
+    [ssl.SSLError(1, "[SSL] PEM lib (_ssl.c:3905)"), IsADirectoryError(21, "Is a directory"), EtcdRefused("no")],
+)
+def test_what_a_server_or_the_system_refuses_is_one_line_and_exit_2(
+    error: Exception, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Raised past the flags' checks (a member refusing this client, OpenSSL, a file): still the CLI's rule."""
+    from gradsync import cli
+    from gradsync.doctor import report
+    from gradsync.launch import run
+
+    def refuse(argv: object) -> int:
+        raise error
+
+    monkeypatch.delenv("GRADSYNC_DEBUG", raising=False)
+    monkeypatch.setattr(run, "main", refuse)
+    monkeypatch.setattr(report, "main", refuse)
+    for command in ("run", "doctor"):
+        assert cli.main([command, "train.py"]) == 2
+        said = _one_refusal(capsys, command)
+        assert str(getattr(error, "message", error)) in said and "Traceback" not in said
+
+
+def test_a_timeout_too_long_for_torch_is_refused_by_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    """GRADSYNC_TIMEOUT=99999999999999 was an OverflowError (days=1157407407) out of datetime.timedelta."""
+    import gradsync
+    from gradsync.errors import ConfigError
+
+    monkeypatch.setenv("GRADSYNC_TIMEOUT", "99999999999999")
+    with pytest.raises(ConfigError, match="GRADSYNC_TIMEOUT='99999999999999'.*at most"):
+        gradsync.init()
+    monkeypatch.delenv("GRADSYNC_TIMEOUT")
+    with pytest.raises(ConfigError, match=r"init\(timeout=100000000000000.0\).*at most 1e\+09"):
+        gradsync.init(timeout=1e14)
+
+
+def test_plain_init_under_the_elastic_launcher_names_the_elastic_api() -> None:
+    """gradsync run --elastic sets WORLD_SIZE and its store, not RANK: "RANK is not set" pointed the wrong way."""
+    from gradsync.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"gradsync.elastic.init\(\) in place of gradsync.init\(\)"):
+        discover({"GRADSYNC_ELASTIC_STORE": "127.0.0.1:29400", "WORLD_SIZE": "2", "LOCAL_RANK": "0"})
+    with pytest.raises(ConfigError, match="WORLD_SIZE is set but RANK is not"):
+        discover({"WORLD_SIZE": "2"})
+
+
+@pytest.mark.timeout(180)
+def test_the_elastic_launcher_gives_up_at_once_when_every_worker_failed_alike(tmp_path: Path) -> None:
+    """Every worker failed with the same error: no member will finish, so the launcher does not wait for them
+    (it sat 60 s), and it says the error once."""
+    script = tmp_path / "plain.py"
+    script.write_text("import gradsync\ngradsync.init()\n")
+    began = time.monotonic()
+    proc = _run(["--elastic", "--nproc-per-node", "2", str(script)], timeout=170)
+    took = time.monotonic() - began
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    said = [line for line in proc.stderr.splitlines() if "every worker here failed with the same error" in line]
+    assert len(said) == 1 and "gradsync.elastic.init()" in said[0], proc.stderr[-3000:]
+    print(f"gave up after {took:.1f} s")
+
+
+def test_the_elastic_launcher_tells_one_error_from_several(tmp_path: Path) -> None:
+    from gradsync.launch.elastic import Worker, _one_error
+
+    workers = [Worker(r, "h", exit_codes=[1]) for r in range(2)]
+    for w, error in zip(workers, ("ValueError: same", "ValueError: same"), strict=True):
+        folder = tmp_path / f"worker{w.local_rank}-0" / "run" / "attempt_0" / "0"
+        folder.mkdir(parents=True)
+        (folder / "stderr.log").write_text(f"Traceback (most recent call last):\n  x\n{error}\n")
+    assert _one_error(workers, str(tmp_path)) == "ValueError: same"
+    (tmp_path / "worker1-0" / "run" / "attempt_0" / "0" / "stderr.log").write_text("KeyError: 'other'\n")
+    assert _one_error(workers, str(tmp_path)) is None
+    workers[1].exit_codes = [0]
+    assert _one_error(workers, str(tmp_path)) is None

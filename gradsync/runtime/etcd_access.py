@@ -218,6 +218,8 @@ def _check_file(name: str, path: str) -> None:
     where = f"--rdzv-conf {name}={path}"
     if os.path.isdir(path):
         raise ConfigError(f"{where} is a directory: give the {WHAT[name]} file itself.")
+    if not os.path.exists(path):
+        raise ConfigError(f"{where}: no such file; give the path of the {WHAT[name]} file.")
     try:
         content = Path(path).read_bytes()
     except OSError as exc:

@@ -133,9 +133,13 @@ class Seconds:
 
 
 def verbose(argv: Sequence[str]) -> bool:
-    """Whether ``-v``/``--verbose`` is among these flags (not among the training script's arguments)."""
+    """Whether ``-v``/``--verbose`` is among these flags (not among the training script's arguments), read even
+    where a value is refused (the refusal it asks the traceback of)."""
+    lenient = parser(script=False)
+    for action in lenient._actions:
+        action.type, action.choices = None, None
     try:
-        return bool(parser(script=False).parse_known_args(list(argv))[0].verbose)
+        return bool(lenient.parse_known_args(list(argv))[0].verbose)
     except ConfigError:
         return False
 
