@@ -24,9 +24,16 @@ A refusal is one line on stderr and exit status 2; -v (or --verbose, or GRADSYNC
 """
 
 VERBOSE = ("-v", "--verbose")
-# What a command refuses with: gradsync's own errors (a bad flag, an etcd member refusing this client), and what the
-# operating system or OpenSSL says of a file or a connection the flags name. Anything else is a bug: its traceback.
-REFUSALS = (GradsyncError, OSError)
+# torch's errors of a store or a rendezvous that refused or did not answer: refusals too, where torch is loaded.
+_TORCH_REFUSALS = {"torch.distributed": "DistError", "torch.distributed.elastic.rendezvous.api": "RendezvousError"}
+
+
+def refusals() -> tuple[type[BaseException], ...]:
+    """What a command refuses with: gradsync's own errors (a bad flag, an etcd member refusing this client), what the
+    operating system or OpenSSL says of a file or a connection the flags name (``OSError``, ``ssl.SSLError``), and
+    torch's store and rendezvous errors. Anything else is a bug: its traceback is shown."""
+    loaded = [getattr(sys.modules.get(module), name, None) for module, name in _TORCH_REFUSALS.items()]
+    return (GradsyncError, OSError, *(kind for kind in loaded if isinstance(kind, type)))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -37,7 +44,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = argv[1:] if verbose else argv
     try:
         return _dispatch(argv)
-    except REFUSALS as error:
+    except Exception as error:
+        if not isinstance(error, refusals()):
+            raise
         if verbose or _asks_for_tracebacks(argv):
             traceback.print_exc()
         print(f"gradsync {argv[0] if argv else ''}: {_one_line(error)}", file=sys.stderr)

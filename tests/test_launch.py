@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch.distributed as dist
 
 from gradsync.elastic.etcd_refusal import EtcdRefused
 from gradsync.runtime.env import discover, expand_slurm_nodelist
@@ -215,7 +216,12 @@ def test_a_refusal_is_one_line_and_its_traceback_is_shown_when_asked(
 
 @pytest.mark.parametrize(
     "error",
-    [ssl.SSLError(1, "[SSL] PEM lib (_ssl.c:3905)"), IsADirectoryError(21, "Is a directory"), EtcdRefused("no")],
+    [
+        ssl.SSLError(1, "[SSL] PEM lib (_ssl.c:3905)"),
+        IsADirectoryError(21, "Is a directory"),
+        EtcdRefused("no"),
+        dist.DistStoreError("timed out"),
+    ],
 )
 def test_what_a_server_or_the_system_refuses_is_one_line_and_exit_2(
     error: Exception, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
