@@ -66,7 +66,8 @@ def parser(prog: str = "gradsync run", script: bool = True) -> argparse.Argument
     the training script may be left out (``gradsync doctor``)."""
     p = get_args_parser()
     p.prog = prog
-    p.error = _refuse(prog)  # type: ignore[method-assign]  # one line (gradsync/cli.py), not argparse's usage and exit
+    # A refusal in one line (gradsync/cli.py), not argparse's usage and its own exit.
+    p.error = _refuse(prog)  # type: ignore[method-assign,assignment]
     p.add_argument(
         "-v",
         "--verbose",
