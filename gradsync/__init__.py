@@ -4,6 +4,7 @@
 from gradsync import checkpoint, elastic
 from gradsync.data import DistributedLoader, DistributedSampler, LengthGroupedSampler
 from gradsync.ddp import DistributedDataParallel
+from gradsync.ddp.mixed_precision import MixedPrecision
 from gradsync.errors import GradsyncError
 from gradsync.nn import SyncBatchNorm
 from gradsync.optim import ShardedOptimizer, ZeroRedundancyOptimizer
@@ -20,6 +21,7 @@ __all__ = [
     "GradBucket",
     "GradsyncError",
     "LengthGroupedSampler",
+    "MixedPrecision",
     "ShardedOptimizer",
     "SyncBatchNorm",
     "ZeroRedundancyOptimizer",

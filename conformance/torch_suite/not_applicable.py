@@ -10,7 +10,6 @@ of the report; their outcomes are still run and recorded.
 from __future__ import annotations
 
 _LOGGING = "asserts only on torch's private DDP logging data (_get_ddp_logging_data)"
-_MIXED_PRECISION = "mixed_precision=_MixedPrecision(...): gradsync refuses the argument by design"
 _BUFFER_HOOK = "tests torch-private _register_buffer_comm_hook / _BufferCommHookLocation"
 _ERROR_EARLIER = (
     "differs on purpose: expects the unused-parameter error at the next iteration's forward, inside its try block; "
@@ -58,10 +57,4 @@ NOT_APPLICABLE: dict[str, str] = {
     "test_ddp_multiple_nested_unused_params_error": _ERROR_EARLIER,
     "test_ddp_multiple_nested_unused_params_err_ignore_params": _ERROR_EARLIER,
     "test_ddp_unused_params_rebuild_buckets_exception": _ERROR_EARLIER + "; also reads verify_ddp_error_logged",
-    # features gradsync refuses by design
-    "test_ddp_native_mixed_precision_ignored_params": _MIXED_PRECISION,
-    "test_ddp_native_mixed_precision_grad_as_bucket_view_no_set_grad_none": _MIXED_PRECISION,
-    "test_ddp_native_mixed_precision_grad_as_bucket_view_set_grad_to_none": _MIXED_PRECISION,
-    "test_ddp_native_mixed_precision_no_grad_as_bucket_view_no_set_grad_none": _MIXED_PRECISION,
-    "test_ddp_native_mixed_precision_no_grad_as_bucket_view_set_grad_to_none": _MIXED_PRECISION,
 }

@@ -22,7 +22,7 @@ from gradsync.reducer.caps import BucketCaps
 from gradsync.reducer.mode import GraphMode
 
 # torch arguments gradsync accepts only at their defaults (None / False).
-_UNSUPPORTED = ("delay_all_reduce_named_params", "param_to_hook_all_reduce", "mixed_precision")
+_UNSUPPORTED = ("delay_all_reduce_named_params", "param_to_hook_all_reduce")
 
 
 def refuse_unsupported(unsupported: Mapping[str, Any]) -> None:

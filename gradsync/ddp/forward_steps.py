@@ -1,8 +1,9 @@
 """A forward's protocol: what runs eagerly before and after DistributedDataParallel calls the wrapped module.
 
 Before: the step's events (recorder, watchdog, the frozen-parameter check), the Join notification, the forward's
-collectives (:class:`~gradsync.ddp.forward_collectives.ForwardCollectives`), the inputs moved to ``device_ids``, and
-dynamo's graph split engaged (:mod:`gradsync.ddp.compiled`). After: the split released, and for a synced forward the
+collectives (:class:`~gradsync.ddp.forward_collectives.ForwardCollectives`), the inputs moved to ``device_ids``,
+mixed precision's low-precision copies put in the module (:mod:`gradsync.ddp.mixed_precision`), and dynamo's graph
+split engaged (:mod:`gradsync.ddp.compiled`). After: the split released, and for a synced forward the
 reducer prepared for the backward (:meth:`Reducer.prepare_for_backward`), whose outputs' sink may replace the
 outputs. The model calls these from frames dynamo does not trace, so under ``torch.compile(ddp)`` only the module's
 call is compiled.
@@ -21,6 +22,7 @@ from torch import nn
 from gradsync.ddp import compiled
 from gradsync.ddp.forward_collectives import ForwardCollectives
 from gradsync.ddp.join_protocol import JoinProtocol
+from gradsync.ddp.mixed_precision import ForwardPrecision, FullPrecision
 from gradsync.ddp.tree import iter_tensors, replace_tensors, to_device
 from gradsync.errors import ConfigError
 from gradsync.observe.recorder import Recorder
@@ -37,6 +39,7 @@ class ModuleCall:
     synced: bool  # this forward's backward averages gradients
     scale: float = 1.0
     frames_split: int = 0  # GraphSplit.frames_split before the call: more after it means dynamo compiled here
+    swapped: list = dataclasses.field(default_factory=list)  # mixed precision's copies in the module (to restore)
     outer_split: object = None
     profiled: Any = dataclasses.field(
         default_factory=lambda: torch.autograd.profiler.record_function("DistributedDataParallel.forward")
@@ -56,8 +59,10 @@ class ForwardSteps:
         params: Sequence[nn.Parameter],
         frozen: Sequence[tuple[str, nn.Parameter]],
         first_forward_check: Callable[[], None],
+        precision: ForwardPrecision | None = None,
     ) -> None:
         self._collectives = collectives
+        self._precision = precision or FullPrecision()  # mixed precision's copies and casts, or nothing
         self._join = join
         self._reducer = reducer
         self._params = params
@@ -99,6 +104,7 @@ class ForwardSteps:
             if device_ids is not None:
                 device = torch.device(self._params[0].device.type, device_ids[0])
                 call.inputs, call.kwargs = to_device((inputs, kwargs), device)
+            call.inputs, call.kwargs, call.swapped = self._precision.enter(call.inputs, call.kwargs)
         except BaseException:
             call.profiled.__exit__(None, None, None)
             raise
@@ -132,6 +138,7 @@ class ForwardSteps:
 
     def end_call(self, call: ModuleCall) -> None:
         """The module's call is over (returned or raised): undo what :meth:`before` set up around it."""
+        self._precision.leave(call.swapped)
         compiled.release(call.outer_split)
         call.profiled.__exit__(None, None, None)
 

@@ -37,6 +37,14 @@ from gradsync.ddp.composition import check_composition, refuse_replaced_paramete
 from gradsync.ddp.forward_collectives import ForwardCollectives
 from gradsync.ddp.forward_steps import ForwardSteps, ModuleCall
 from gradsync.ddp.join_protocol import JoinProtocol
+from gradsync.ddp.mixed_precision import (
+    LowPrecisionCopies,
+    MixedPrecision,
+    cast_buffers,
+    check_mixed_precision_composition,
+    mark_parameters_as_torch_does,
+    refuse_with_mixed_precision,
+)
 from gradsync.ddp.replicas import broadcast_initial_state, verify_same_model
 from gradsync.errors import CollectiveError, ConfigError
 from gradsync.log import log
@@ -58,6 +66,10 @@ class DistributedDataParallel(nn.Module, Joinable):
     small gradients are copied into their bucket with one fused copy. After ``loss.backward()`` returns, every
     parameter's ``.grad`` holds the average over the process group, so ``optimizer.step()`` keeps all replicas
     identical and training equals one process training on all ranks' batches at once.
+
+    ``mixed_precision``: a :class:`gradsync.MixedPrecision` (or torch's ``_MixedPrecision``): the forward and
+    backward compute in ``param_dtype`` on copies made once per forward, gradients are averaged in ``reduce_dtype``
+    and land, upcast, in the full-precision parameters' ``.grad`` (:mod:`gradsync.ddp.mixed_precision`).
 
     Two keyword arguments are gradsync's own, each defaulting to its environment variable: ``bucket_tuning``
     (``GRADSYNC_BUCKET_TUNING``, on: whether ``bucket_cap_mb=None`` may tune) and ``check_desync``
@@ -97,6 +109,7 @@ class DistributedDataParallel(nn.Module, Joinable):
         bucket_cap_mb_list: Sequence[float] | None = None,
         batched_grad_copy: bool = False,
         forward_sync_buffers: bool | None = None,
+        mixed_precision: MixedPrecision | Any = None,
         bucket_tuning: bool | None = None,
         check_desync: bool | None = None,
         **unsupported: Any,
@@ -133,8 +146,20 @@ class DistributedDataParallel(nn.Module, Joinable):
         self.bucket_bytes_cap_list = list(self._config.caps.bytes_cap_list)
         self.bucket_bytes_cap_default = self._config.caps.is_default
         self._hook: tuple[Any, CommHook] | None = None  # (state, hook) as registered: carried across a regroup
+        self.mixed_precision = self._mixed_precision_of(mixed_precision)
         self._build_runtime()
         self._construction_failure = self._sync_replicas(init_sync, init_sync_buffers)
+
+    def _mixed_precision_of(self, argument: object) -> MixedPrecision | None:
+        """The policy (:mod:`gradsync.ddp.mixed_precision`), checked against what it cannot compose with; the
+        buffers cast and the parameters marked as torch's DDP does, once, at construction."""
+        policy = MixedPrecision.of(argument)
+        if policy is None:
+            return None
+        check_mixed_precision_composition(self.module, self._config.sparse)
+        cast_buffers(self.module, policy, self._config.ignored)
+        mark_parameters_as_torch_does(self.module, policy, self._config.ignored)
+        return policy
 
     def _sync_replicas(self, init_sync: bool, buffers: bool) -> CollectiveError | None:
         """The model checked across the ranks, then rank 0's parameters (and ``buffers``) everywhere. In an elastic
@@ -170,6 +195,7 @@ class DistributedDataParallel(nn.Module, Joinable):
             "forward_sync_buffers": self.forward_sync_buffers,
             "check_desync (GRADSYNC_DEBUG)": config.check_desync,
             "bucket_tuning (GRADSYNC_BUCKET_TUNING)": config.caps.tune,
+            "mixed_precision": repr(self.mixed_precision),
         }
 
     def _build_runtime(self) -> None:
@@ -194,13 +220,23 @@ class DistributedDataParallel(nn.Module, Joinable):
             config.mode,
             sparse=[n in config.sparse for n, _ in named],
             skip_unused=config.skip_unused,
+            precision=None if self.mixed_precision is None else self.mixed_precision.reduction,
         )
         self._comm_hook_registered = False
         self._plan_before_regroup: tuple[list[int], list[int]] | None = None
         collectives = ForwardCollectives(self._comm, buffer_sync, self.reducer)
         self._join_protocol = JoinProtocol(self, self._comm, collectives, self.reducer, self.module, config.ignored)
+        precision = None
+        if self.mixed_precision is not None:
+            precision = LowPrecisionCopies(self.module, self.mixed_precision, config.ignored)
         self._forward_steps = ForwardSteps(
-            collectives, self._join_protocol, self.reducer, self._params, frozen, lambda: self._check_in_use(named)
+            collectives,
+            self._join_protocol,
+            self.reducer,
+            self._params,
+            frozen,
+            lambda: self._check_in_use(named),
+            precision,
         )
 
     def _check_in_use(self, named: list[tuple[str, nn.Parameter]]) -> None:
@@ -367,6 +403,12 @@ class DistributedDataParallel(nn.Module, Joinable):
         ...     out = ddp(x)
         >>> ddp.sync_next_backward(out).sum().backward()   # averages what the no_sync forward accumulated
         """
+        if self.mixed_precision is not None:
+            refuse_with_mixed_precision(
+                "sync_next_backward (gradsync.pipelining's stages)",
+                "a pipeline stage's micro-batches would accumulate outside the policy's forward. Train the stage "
+                "in full precision, or use torch.autocast inside the stage's module.",
+            )
         if not torch.is_grad_enabled():
             raise ConfigError(
                 "sync_next_backward: gradients are disabled here (torch.no_grad); call it where the backward will run."

@@ -337,7 +337,7 @@ def write_back(
         if globally_used is not None and not globally_used[i]:
             continue  # torch leaves .grad untouched when no rank used the parameter
         if grad is None:
-            param.grad = view if as_view else view.clone()
+            param.grad = view if as_view else view.to(param.dtype, copy=True)  # upcast under mixed precision
         elif grad.data_ptr() != view.data_ptr():
             targets.append(grad)
             sources.append(view)

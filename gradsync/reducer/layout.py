@@ -29,21 +29,26 @@ class BucketLayout:
         sparse: Sequence[bool] | None = None,
         storage: Storage | None = None,
         reverse: bool = False,
+        grad_dtype: torch.dtype | None = None,
     ) -> None:
         self.limits = list(limits)
-        self.as_view = as_view
+        # Mixed precision: the buckets hold grad_dtype (the reduce dtype); .grad keeps its parameter's dtype, so it
+        # is never a slot (no gradient_as_bucket_view, no lending) and averages are copied back, upcast.
+        self.grad_dtype = grad_dtype
+        self.casts = grad_dtype is not None and any(p.dtype != grad_dtype for p in params)
+        self.as_view = as_view and not self.casts
         self.sparse = sparse
         self._params, self._order, self._reverse = params, list(order), reverse  # for moved()
         groups = assign_buckets(params, order, self.limits, sparse)
         if reverse:  # torch's initial assignment: sorted by first parameter, then reversed (see first())
             groups = sorted(groups, key=min)[::-1]
         dense = [group for group in groups if not (sparse and sparse[group[0]])]
-        self.storage = _storage_for(params, dense, None if as_view else storage)
-        slices = _slices(params, dense, self.storage)
+        self.storage = _storage_for(params, dense, None if self.as_view else storage, grad_dtype)
+        slices = _slices(params, dense, self.storage, grad_dtype)
         self.buckets: list[AnyBucket] = [
             SparseBucket(k, group[0], params)
             if sparse and sparse[group[0]]
-            else make_bucket(k, group, params, as_view, next(slices))
+            else make_bucket(k, group, params, self.as_view, next(slices))
             for k, group in enumerate(groups)
         ]
         self.bucket_index_of = [0] * len(params)
@@ -66,7 +71,12 @@ class BucketLayout:
 
     @classmethod
     def first(
-        cls, params: Sequence[torch.Tensor], limits: Sequence[int], as_view: bool, sparse: Sequence[bool] | None
+        cls,
+        params: Sequence[torch.Tensor],
+        limits: Sequence[int],
+        as_view: bool,
+        sparse: Sequence[bool] | None,
+        grad_dtype: torch.dtype | None = None,
     ) -> BucketLayout:
         """Iteration 1's layout, as torch builds it (``DistributedDataParallel._ddp_init_helper``): parameters
         bucketed in registration order, the buckets sorted by their first parameter and then reversed, so the
@@ -78,7 +88,7 @@ class BucketLayout:
         >>> [b.param_indices for b in BucketLayout.first([torch.zeros(4)] * 3, [16, 1 << 20], False, None).buckets]
         [[1, 2], [0]]
         """
-        return cls(params, range(len(params)), limits, as_view, sparse, reverse=True)
+        return cls(params, range(len(params)), limits, as_view, sparse, reverse=True, grad_dtype=grad_dtype)
 
     def __len__(self) -> int:
         return len(self.buckets)
@@ -140,7 +150,9 @@ class BucketLayout:
 
     def moved(self) -> BucketLayout:
         """The same buckets on a storage of their own (the present one stays with whoever holds lent slots)."""
-        return BucketLayout(self._params, self._order, self.limits, self.as_view, self.sparse, None, self._reverse)
+        return BucketLayout(
+            self._params, self._order, self.limits, self.as_view, self.sparse, None, self._reverse, self.grad_dtype
+        )
 
 
 # Per (dtype, device): one flat tensor that every dense bucket of a layout is a slice of. Its size is the
@@ -149,22 +161,26 @@ class BucketLayout:
 Storage = dict[tuple[torch.dtype, torch.device], torch.Tensor]
 
 
-def _storage_for(params: Sequence[torch.Tensor], dense: list[list[int]], reuse: Storage | None) -> Storage:
+def _storage_for(
+    params: Sequence[torch.Tensor], dense: list[list[int]], reuse: Storage | None, grad_dtype: torch.dtype | None
+) -> Storage:
     sizes: dict[tuple[torch.dtype, torch.device], int] = {}
     for group in dense:
         for i in group:
-            key = (params[i].dtype, params[i].device)
+            key = (grad_dtype or params[i].dtype, params[i].device)
             sizes[key] = sizes.get(key, 0) + params[i].numel()
     if reuse is not None and {k: t.numel() for k, t in reuse.items()} == sizes:
         return reuse
     return {key: torch.empty(n, dtype=key[0], device=key[1]) for key, n in sizes.items()}
 
 
-def _slices(params: Sequence[torch.Tensor], dense: list[list[int]], storage: Storage) -> Iterator[torch.Tensor]:
+def _slices(
+    params: Sequence[torch.Tensor], dense: list[list[int]], storage: Storage, grad_dtype: torch.dtype | None
+) -> Iterator[torch.Tensor]:
     """Each dense bucket's buffer, in order: consecutive slices of its dtype's and device's storage."""
     offsets = dict.fromkeys(storage, 0)
     for group in dense:
-        key = (params[group[0]].dtype, params[group[0]].device)
+        key = (grad_dtype or params[group[0]].dtype, params[group[0]].device)
         n = sum(params[i].numel() for i in group)
         yield storage[key][offsets[key] : offsets[key] + n]
         offsets[key] += n

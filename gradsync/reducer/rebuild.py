@@ -107,7 +107,7 @@ class Rebuild:
         self._limits = list(caps.limits)  # torch's rebuild uses the configured caps, whatever iteration 1 used
         # The rebuilt layouts keep iteration 1's view mode and sparse parameters; the layout itself is not kept, so
         # its buffers are freed once the reducer lets go of it (a whole copy of the gradients otherwise).
-        self._as_view, self._sparse = first.as_view, first.sparse
+        self._as_view, self._sparse, self._grad_dtype = first.as_view, first.sparse, first.grad_dtype
         self._tune = caps.tune
         self.state = State.NEVER if not enabled else State.WAITING if record_from_iteration_2 else State.RECORDING
         self.tuning: autotune.BucketTuning | None = None
@@ -202,7 +202,9 @@ class Rebuild:
         return self._tune and self._comm.size > 1 and grad_bytes > smallest
 
     def _layout(self, order: list[int], limits: list[int], storage: Storage | None = None) -> BucketLayout:
-        return BucketLayout(self._params, order, limits, self._as_view, self._sparse, storage)
+        return BucketLayout(
+            self._params, order, limits, self._as_view, self._sparse, storage, grad_dtype=self._grad_dtype
+        )
 
     def _decide(self, release: Callable[[], Storage | None]) -> BucketLayout:
         assert self._trial is not None

@@ -44,7 +44,7 @@ from gradsync.reducer.lending import Lending, Verdict
 from gradsync.reducer.local_params import LocalParams
 from gradsync.reducer.mode import GraphMode
 from gradsync.reducer.rebuild import Rebuild, State
-from gradsync.reducer.reduction import AllReduce, BucketReduction, CommHook, HookReduction
+from gradsync.reducer.reduction import BucketReduction, CommHook, HookReduction, ReducePrecision, built_in_reduction
 from gradsync.reducer.sink import pass_through_sink
 from gradsync.reducer.static_graph import StaticGraph
 from gradsync.reducer.step import BackwardStep, Phase, StepContext
@@ -70,6 +70,7 @@ class Reducer:
         mode: GraphMode = GraphMode.ALL_USED,
         sparse: Sequence[bool] | None = None,
         skip_unused: bool = False,
+        precision: ReducePrecision | None = None,
     ) -> None:
         self._local = LocalParams(params)
         self.params = self._local.locals
@@ -78,13 +79,14 @@ class Reducer:
         self.mode = mode
         self._caps = caps
         first_limits = caps.first_limits(mode.rebuilds)
-        self.layout = BucketLayout.first(self.params, first_limits, gradient_as_bucket_view, sparse)
+        grad_dtype = precision.dtype if precision is not None else None  # mixed precision: the buckets' dtype
+        self.layout = BucketLayout.first(self.params, first_limits, gradient_as_bucket_view, sparse, grad_dtype)
         device = self.params[0].device if self.params else torch.device("cpu")
         static = mode is GraphMode.STATIC
         self._rebuild = Rebuild(self.params, comm, self.layout, caps, mode.rebuilds, clock_for(device), static)
         self._usage = GlobalUsage(len(self.params), mode, comm, assume_same_everywhere=skip_unused)
         self._static = StaticGraph(len(self.params)) if static else None
-        self._reduction: BucketReduction = AllReduce(comm)
+        self._reduction: BucketReduction = built_in_reduction(comm, precision)
         self._hook_agreed = False  # every rank reduces with the same hook: checked at the first synced backward
         self._recorder = Recorder()
         self._recorder_attached = False  # whether to poll it from every gradient hook
@@ -292,8 +294,8 @@ class Reducer:
         A loop that keeps its gradients (``zero_grad(set_to_none=False)``) lends nothing: its ``.grad`` would only
         trade its memory for a slot, and the buckets would move to a new storage at the next step, one more
         allocation of their size for no copy saved."""
-        if not self._rebuild.done or self.layout.as_view:
-            return False
+        if not self._rebuild.done or self.layout.as_view or self.layout.casts:
+            return False  # a low-precision slot cannot be lent to a full-precision .grad (mixed precision)
         verdict = self._lending.before_step(list(self.layout.storage.values()))
         if verdict is Verdict.MOVE:
             self._adopt(self.layout.moved())

@@ -7,6 +7,7 @@ never asks which.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -41,6 +42,41 @@ class AllReduce:
     def identity(self) -> str:
         """What every rank must agree on (compared once, at the first synced backward)."""
         return messages.hook_identity(None, None)
+
+
+@dataclasses.dataclass(frozen=True)
+class ReducePrecision:
+    """Mixed precision's reduction (``DistributedDataParallel(mixed_precision=...)``): buckets hold ``dtype``
+    (None: the gradients' own), and the built-in reduction sums them and then divides by the world size in that
+    dtype, torch's arithmetic under mixed precision (``_reducer_allreduce_and_upcast_hook``); the averages are
+    written, upcast, into each parameter's ``.grad``."""
+
+    dtype: torch.dtype | None
+
+
+class SumThenDivide(AllReduce):
+    """The built-in reduction under mixed precision: one plain sum in the bucket's dtype, then a division by the
+    world size in that dtype (torch's ``_reducer_allreduce_and_upcast_hook``: ``fut.wait(); buffer.div_(size)``),
+    where gradsync's default divides on the way into the bucket."""
+
+    def __init__(self, comm: Communicator) -> None:
+        super().__init__(comm)
+        self.divisor = None
+
+    def launch(
+        self, k: int, buffer: torch.Tensor, views: list[torch.Tensor], params: list[torch.Tensor], is_last: bool
+    ) -> torch.futures.Future:
+        size = self.comm.size
+        summed = self.comm.all_reduce_async(Op.BUCKET_ALLREDUCE, buffer, index=k)
+        return summed.then(lambda future: future.value()[0].div_(size))
+
+    def identity(self) -> str:
+        return "no comm hook (the built-in all-reduce, mixed precision: sum, then divide)"
+
+
+def built_in_reduction(comm: Communicator, precision: ReducePrecision | None) -> AllReduce:
+    """The reduction without a comm hook: gradsync's, or torch's mixed-precision arithmetic."""
+    return AllReduce(comm) if precision is None else SumThenDivide(comm)
 
 
 class HookReduction:
