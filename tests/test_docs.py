@@ -555,6 +555,11 @@ _IS_GRADSYNC_DDP = "assert isinstance(model, gradsync.DistributedDataParallel), 
 # RUN_ELSEWHERE names.
 PAGE_BLOCKS = {
     "docs/migrating.md:python:0": (("run", ""), "", ""),
+    "docs/migrating.md:python:1": (
+        None,
+        "",
+        "assert {(p.dtype, p.grad.dtype) for p in model.parameters()} == {(torch.float32, torch.float32)}\n",
+    ),
     "docs/checkpoints.md:python:0": (
         None,
         "epoch, step = 1, 10\n",

@@ -191,6 +191,27 @@ def test_matches_torchs_arithmetic_in_one_process() -> None:
             }
 
 
+def _same_batch_everywhere(rank: int, world_size: int) -> dict[str, torch.Tensor]:
+    ddp = gradsync.DistributedDataParallel(Net(), mixed_precision=gradsync.MixedPrecision(BF16, buffer_dtype=BF16))
+    _loss(ddp(_x(0, 0))).backward()
+    return {n: p.grad.clone() for n, p in ddp.module.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.timeout(120)
+def test_three_ranks_sum_then_divide_in_the_reduce_dtype() -> None:
+    """torch sums, then divides by the world size, both in the reduce dtype; gradsync's default divides on the way
+    into the bucket. Over 3 ranks (1/3 rounds) the two differ; every rank has the same gradient, so the sum's order
+    cannot matter."""
+    results = spawn(_same_batch_everywhere, world_size=3, timeout=100)
+    low = Net().to(BF16)
+    _loss(low(_x(0, 0).to(BF16))).backward()
+    for n, p in low.named_parameters():
+        if p.grad is not None:
+            expected = ((p.grad + p.grad + p.grad) / 3).to(FP32)
+            for result in results:
+                assert torch.equal(result[n], expected), n
+
+
 # ---------------------------------------------------------------------------------- join and checkpoints
 def _join_and_checkpoint(rank: int, world_size: int, path: str) -> dict[str, Any]:
     policy = _MixedPrecision(param_dtype=BF16, reduce_dtype=FP32, buffer_dtype=BF16)  # torch's own dataclass

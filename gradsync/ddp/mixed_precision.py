@@ -53,7 +53,7 @@ class MixedPrecision:
     Example::
 
         policy = gradsync.MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-        model = gradsync.DistributedDataParallel(net, mixed_precision=policy)
+        model = gradsync.DistributedDataParallel(MyModel(), mixed_precision=policy)
     """
 
     param_dtype: torch.dtype | None = None
@@ -146,6 +146,8 @@ class LowPrecisionCopies:
         copies: dict[int, torch.Tensor] = {}  # one copy per parameter, however many modules share it
         swapped = []
         for owner, name, param in self._slots:
+            if owner._parameters.get(name) is not param:
+                continue  # torch.func.functional_call's tensor in its place: the caller's, left as given
             copy = copies.get(id(param))
             if copy is None:
                 _round_accumulated(param, dtype)
