@@ -13,13 +13,15 @@ variable                   meaning                                              
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Mapping
 
 from gradsync.errors import ConfigError
 
 _TRUE = ("1", "true", "yes", "on")
+# The longest timeout taken: about 31 years. Longer ones overflow what they become (a timedelta, torch's
+# milliseconds in C++); "never" is not a timeout a collective should have.
+MAX_SECONDS = 1e9
 _FALSE = ("0", "false", "no", "off")
 
 
@@ -29,7 +31,7 @@ def read_bool(name: str, default: bool, environ: Mapping[str, str] | None = None
     >>> read_bool("GRADSYNC_DEBUG", False, {"GRADSYNC_DEBUG": "off"})
     False
     """
-    value = (os.environ if environ is None else environ).get(name, "").strip().lower()
+    value = _environment(environ).get(name, "").strip().lower()
     if not value:
         return default
     if value in _TRUE:
@@ -45,16 +47,27 @@ def read_seconds(name: str, default: float, environ: Mapping[str, str] | None = 
     >>> read_seconds("GRADSYNC_TIMEOUT", 600.0, {"GRADSYNC_TIMEOUT": "30"})
     30.0
     """
-    value = (os.environ if environ is None else environ).get(name, "").strip()
+    value = _environment(environ).get(name, "").strip()
     if not value:
         return default
     try:
         seconds = float(value)
     except ValueError:
         raise ConfigError(f"{name}={value!r} is not a number of seconds (e.g. {name}=600).") from None
-    if not (seconds > 0 and math.isfinite(seconds)):
-        raise ConfigError(f"{name}={value!r}: the timeout must be a positive number of seconds (e.g. {name}=600).")
+    if not (0 < seconds <= MAX_SECONDS):
+        raise ConfigError(
+            f"{name}={value!r}: the timeout must be a positive number of seconds, at most {MAX_SECONDS:.0e} "
+            f"(e.g. {name}=600)."
+        )
     return seconds
+
+
+def _environment(environ: Mapping[str, str] | None) -> Mapping[str, str]:
+    if environ is None:
+        return os.environ
+    if not isinstance(environ, Mapping):
+        raise ConfigError(f"environ must be a mapping of variable names to values, got {type(environ).__name__}")
+    return environ
 
 
 def debug(environ: Mapping[str, str] | None = None) -> bool:

@@ -222,9 +222,11 @@ TABLE: dict[str, Target] = {
             {
                 "dataset": OBJ(
                     ("not sized", Make(lambda: iter(range(10)), "an iterator")),
-                    ("dict rows of two sequences", Make(fx.ambiguous_rows, "dict rows {'question', 'answer'}")),
-                    ("ints without lengths", Make(lambda: list(range(10)), "a list of ints")),
+                    ("dict rows of two sequences", Make(fx.ambiguous_rows, "dict rows {'question', 'answer'}", ("dict", "question"))),
+                    ("ints without lengths", Make(lambda: list(range(10)), "a list of ints", ("int",))),
+                    good=(("Hugging Face rows", Make(fx.hf_rows, "dict rows {'input_ids', 'attention_mask'}")),),
                 ),
+                "model_input_name": OBJ(("not a field of the rows", "input_ids"), ("not a str", 3)),
                 "batch_size": INT(1),
                 "lengths": OBJ(
                     ("too short", [1, 2]),
@@ -242,7 +244,7 @@ TABLE: dict[str, Target] = {
     "gradsync.ShardedOptimizer": Target(
         _sharded_kwargs,
         {
-            "params": OBJ(("empty", []), ("DTensor parameters", Make(_dtensor_params, "DTensor parameters")), ("None", None)),
+            "params": OBJ(("empty", []), ("DTensor parameters", Make(_dtensor_params, "DTensor parameters", ("DTensor",))), ("None", None)),
             "optimizer_class": OPT_CLASS,
             "process_group": GROUP,
         },
@@ -326,7 +328,9 @@ TABLE: dict[str, Target] = {
     "gradsync.comm.average_parameters": Target(
         lambda: {"module": fx.model()}, {"module": MODULE, "process_group": GROUP}
     ),
-    "gradsync.comm.issues_from_callbacks": Target(lambda: {"hook": lambda s, b: None}, {"hook": NOT_CALLABLE}),
+    "gradsync.comm.issues_from_callbacks": Target(
+        lambda: {"hook": lambda s, b: None}, {"hook": NOT_CALLABLE}, owner="reducer"
+    ),
     "gradsync.comm.bf16_compress_wrapper": Target(
         lambda: {"hook": lambda s, b: None}, {"hook": NOT_CALLABLE}, owner="torch"
     ),

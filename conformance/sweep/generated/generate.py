@@ -57,10 +57,14 @@ def api_cases() -> list[GenCase]:
         who = owner(name, target.owner)
         cases.append(GenCase("api", name, "(baseline)", "valid", None, _api_run(obj, target, None, None), (), (), who, valid=True))
         for p in surface.parameters(obj):
-            for label, value in wrong_values(target.params[p.name]):
+            domain = target.params[p.name]
+            for label, value in wrong_values(domain):
                 names = ALIASES.get(p.name, (p.name,))
                 run = _api_run(obj, target, p.name, value)
                 cases.append(GenCase("api", name, p.name, label, value, run, names, _shows_of(value), who))
+            for label, value in domain.good:
+                run = _api_run(obj, target, p.name, value)
+                cases.append(GenCase("api", name, p.name, label, value, run, (), (), who, valid=True))
     return cases
 
 
@@ -75,7 +79,7 @@ def _api_run(obj: Callable[..., Any], target: api.Target, param: str | None, val
                 case.shows = _shows_of(kwargs[param])
                 case.names = [*case.names, kwargs[param]]
             elif isinstance(value, Make):
-                case.shows = [type(kwargs[param]).__name__]
+                case.shows = list(value.shows) or [type(kwargs[param]).__name__]
         return _call_then_use(lambda: obj(**{k: v for k, v in kwargs.items() if not k.startswith("_")}),
                               None if target.use is None else lambda made: target.use(made, kwargs))  # fmt: skip
 
@@ -106,6 +110,8 @@ def restore_cases() -> list[GenCase]:
     for name, entry in restore.RESTORED.items():
         where = f"{name}.load_state_dict" if not name.endswith("restore") else name
         who = owner(name, entry.owner)
+        run = _restore_run(entry, Make(entry.valid_state, "its own kind's state"))
+        cases.append(GenCase("restore", where, "(baseline)", "valid", None, run, (), (), who, valid=True))
         for label, state in entry.states:
             run = _restore_run(entry, state)
             cases.append(GenCase("restore", where, "state", label, state, run, ("state", "checkpoint"), (), who))

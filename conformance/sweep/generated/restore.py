@@ -23,6 +23,10 @@ class Restored:
     states: tuple[tuple[str, Any], ...]  # (label, a wrong state)
     load: Callable[[Any, Any], Any] = lambda obj, state: obj.load_state_dict(state)
     owner: str = "mine"
+    saved: Callable[[], Any] | None = None  # a valid state (default: a fresh object's state_dict()), which must load
+
+    def valid_state(self) -> Any:
+        return self.saved() if self.saved is not None else self.make().state_dict()
 
 
 COMMON = (("empty", {}), ("not a mapping", 3))
@@ -165,9 +169,8 @@ RESTORED: dict[str, Restored] = {
         _periodic_use,
         _periodic_states(_periodic("StreamingDiLoCo", fragments=2)),
     ),
-    "gradsync.comm.PostLocalSGD": Restored(
-        _periodic("PostLocalSGD"), _periodic_use, _periodic_states(_periodic("PostLocalSGD"))
-    ),
+    # Its state is a step count, the same for any model: another model's is a valid state, not a wrong one.
+    "gradsync.comm.PostLocalSGD": Restored(_periodic("PostLocalSGD"), _periodic_use, (*COMMON, ("a negative count", {"step_count": -1}))),
     "gradsync.elastic.ElasticLoader": Restored(
         _elastic_loader,
         lambda loader: list(loader),
@@ -178,12 +181,13 @@ RESTORED: dict[str, Restored] = {
         fx.ddp,
         fx.train,
         (*COMMON, ("another model's", Make(lambda: fx.model(width=16).state_dict(), "a model 16 wide's"))),
-        owner="ddp",
+        owner="ddp",  # nn.Module.load_state_dict, through DDP
     ),
     "gradsync.SyncBatchNorm": Restored(
         lambda: __import__("gradsync").SyncBatchNorm(4),
         lambda bn: bn(torch.randn(4, 4, 3)).sum().backward(),
         (*COMMON, ("another model's", Make(lambda: torch.nn.BatchNorm1d(8).state_dict(), "BatchNorm1d(8)'s"))),
+        owner="torch",  # nn.Module.load_state_dict, torch's own
     ),
     "gradsync.checkpoint.restore": Restored(
         fx.model,
@@ -193,6 +197,7 @@ RESTORED: dict[str, Restored] = {
             ("empty", {}),
         ),
         load=_restore,
+        saved=lambda: _checkpoint_of(8),
     ),
 }
 

@@ -29,7 +29,7 @@ CLASSES = ("clear", "accepted", "vague", "silently accepted", "hang", "crash", "
 DO_WORDS = (
     "must", "give", "use ", "pass", "set ", "drop", "add ", "expect", "should", "need", "only", "one of", "instead",
     "at least", ">", "<", "try", "make", "call", "choose", "remove", "wrap", "is not", "not a", "allowed", "valid",
-    "outside", "check",
+    "outside", "check", "load ", "restore", "save ", "build", "give", "write", "fix", "omit", "leave", "refus",
 )  # fmt: skip
 HARD_MARGIN_S = 10.0  # past the alarm: a case stuck in C (a collective) is killed
 

@@ -23,6 +23,7 @@ class Make:
 
     build: Callable[[], Any]
     text: str
+    shows: tuple[str, ...] = ()  # texts of which one, in an error, shows this value (default: its type's name)
 
     def __repr__(self) -> str:
         return self.text
@@ -42,6 +43,7 @@ class Domain:
     bad: tuple[tuple[str, Any], ...] = ()
     why: str = ""
     optional: bool = False  # None is valid
+    good: tuple[tuple[str, Any], ...] = ()  # unusual values that are valid: each must be accepted
 
 
 def INT(low: int | None = None, high: int | None = None, *bad: tuple[str, Any], optional: bool = False) -> Domain:
@@ -60,8 +62,8 @@ def CHOICE(*choices: Any) -> Domain:
     return Domain("choice", choices=choices)
 
 
-def OBJ(*bad: tuple[str, Any]) -> Domain:
-    return Domain("object", bad=bad)
+def OBJ(*bad: tuple[str, Any], good: tuple[tuple[str, Any], ...] = ()) -> Domain:
+    return Domain("object", bad=bad, good=good)
 
 
 def FREE(why: str) -> Domain:
@@ -148,5 +150,5 @@ def shown(value: Any) -> list[str]:
         return [str(value), repr(value)]
     texts = [repr(value), str(value), type(value).__name__]
     if isinstance(value, (list, tuple, dict)):  # an error may show the length, or the first wrong element
-        texts += [str(len(value)), *(repr(v) for v in list(value)[:3])]
+        texts += [str(len(value)), *(repr(v) for v in list(value)[:3])] + ([] if value else ["empty"])
     return [t for t in texts if t]
