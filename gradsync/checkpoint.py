@@ -83,7 +83,17 @@ def atomic_torch_save(obj: Any, path: str | os.PathLike) -> None:
 
         checkpoint.atomic_torch_save({"step": 3}, "state.pt")   # a reader sees the old state.pt or the new one, whole
     """
-    path = Path(path)
+    try:
+        _save_atomically(obj, Path(path))
+    except (pickle.PicklingError, AttributeError, TypeError) as exc:  # what pickle raises for a lambda or a lock
+        raise CheckpointError(
+            f"cannot save {type(obj).__name__} to '{path}': torch.save cannot pickle it ({exc}); save plain values "
+            f"and state_dict()s, not functions or live objects. '{path}' was left as it was."
+        ) from None
+
+
+def _save_atomically(obj: Any, path: Path) -> None:
+    """:func:`atomic_torch_save`'s work; pickle's own errors pass through (save() names the entry at fault)."""
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -96,11 +106,6 @@ def atomic_torch_save(obj: Any, path: str | os.PathLike) -> None:
         os.replace(tmp, path)
     except (OSError, RuntimeError) as exc:
         raise CheckpointError(_write_failed(path, exc)) from exc
-    except (pickle.PicklingError, AttributeError, TypeError) as exc:  # what pickle raises for a lambda or a lock
-        raise CheckpointError(
-            f"cannot save {type(obj).__name__} to '{path}': torch.save cannot pickle it ({exc}); save plain values "
-            f"and state_dict()s, not functions or live objects. '{path}' was left as it was."
-        ) from None
     finally:
         if tmp.exists():
             tmp.unlink()
@@ -199,7 +204,7 @@ def _write(payload: dict[str, Any], path: Path) -> None:
     """Rank 0's write; a failure is also posted for the other ranks, which are waiting in the barrier."""
     try:
         try:
-            atomic_torch_save(payload, path)
+            _save_atomically(payload, path)
         except (pickle.PicklingError, TypeError, AttributeError) as exc:
             key = _unpicklable_key(payload)
             if key is None:

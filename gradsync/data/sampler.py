@@ -55,8 +55,8 @@ def replicas_and_rank(
         raise ConfigError(f"{owner}: num_replicas must be >= 1, got {num_replicas}")
     if not 0 <= rank < num_replicas:
         raise ConfigError(
-            f"{owner}: rank {rank} is outside [0, {num_replicas - 1}]: give each process's rank in its group, "
-            f"from 0 to num_replicas - 1 ({num_replicas} replicas)"
+            f"{owner}: rank {rank} is outside [0, {num_replicas - 1}] (num_replicas): give each process's rank in "
+            "its group, from 0 to num_replicas - 1"
         )
     return num_replicas, rank
 
