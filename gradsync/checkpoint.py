@@ -345,13 +345,14 @@ def restore(checkpoint: Mapping[str, Any], restore_rng: bool = True, **targets: 
             f"checkpoint.restore: expected what checkpoint.load(path) returns, got {type(checkpoint).__name__} "
             f"{checkpoint!r:.80}. Load the file first: checkpoint.restore(checkpoint.load(path), model=...)."
         )
-    restore_rng = bool(require_bool("checkpoint.restore", "restore_rng", restore_rng))
+    restore_rng = require_bool("checkpoint.restore", "restore_rng", restore_rng)
     kinds = checkpoint.get(_KINDS_KEY, {})
     for key, target in targets.items():
         if key not in checkpoint:
             raise CheckpointError(
-                f"gradsync.checkpoint.restore: the checkpoint has no '{key}' (it has {sorted(kinds) or 'nothing: it is empty'}): "
-                f"restore the names it was saved with (checkpoint.save(path, {key}=...))."
+                f"gradsync.checkpoint.restore: the checkpoint has no '{key}' (it has "
+                f"{sorted(kinds) or 'nothing: it is empty'}): restore the names it was saved with "
+                f"(checkpoint.save(path, {key}=...))."
             )
         _load_into(key, target, checkpoint[key])
     if restore_rng:

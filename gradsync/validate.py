@@ -42,13 +42,11 @@ def require_ddp(where: str, ddp: object) -> None:
     )
 
 
-def require_bool(where: str, name: str, value: object, optional: bool = False) -> bool | None:
-    """``value`` if it is a bool (or None, where ``optional``), else a :class:`ConfigError` naming ``name``.
+def require_bool(where: str, name: str, value: object) -> bool:
+    """``value`` as a bool if it is one (or 0, 1, a numpy bool), else a :class:`ConfigError` naming ``name``.
 
     A string is refused rather than taken for its truth: ``shuffle="false"`` from a config file is true in Python.
     """
-    if value is None and optional:
-        return None
     # 0 and 1, and numpy's bools, are what torch's own flags take too; a str, None, a float or a list are mistakes.
     integral = isinstance(value, numbers.Integral) and value in (0, 1)
     if not (isinstance(value, bool) or integral or type(value).__name__ == "bool_"):

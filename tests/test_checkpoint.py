@@ -108,7 +108,9 @@ def _net(width: int = 8) -> nn.Module:
 def test_restoring_another_models_checkpoint_names_the_entry(tmp_path: Path) -> None:
     checkpoint.save(tmp_path / "wide.pt", model=_net(16))
     saved = checkpoint.load(tmp_path / "wide.pt")
-    with pytest.raises(gradsync.errors.CheckpointError, match=r"(?s)restore: 'model' was saved from another model .*size mismatch"):
+    with pytest.raises(
+        gradsync.errors.CheckpointError, match=r"(?s)restore: 'model' was saved from another model .*size mismatch"
+    ):
         checkpoint.restore(saved, model=_net(8))
 
 
@@ -127,7 +129,9 @@ def test_an_unpicklable_state_is_refused_and_the_previous_file_is_kept(tmp_path:
 
 
 def test_set_rng_state_names_what_it_needs() -> None:
-    with pytest.raises(gradsync.errors.ConfigError, match=r"set_rng_state: the state has no 'torch', 'numpy', 'python'"):
+    with pytest.raises(
+        gradsync.errors.ConfigError, match=r"set_rng_state: the state has no 'torch', 'numpy', 'python'"
+    ):
         checkpoint.set_rng_state({})
     with pytest.raises(gradsync.errors.ConfigError, match="the state must be a dict from state_dict"):
         checkpoint.set_rng_state(3)  # type: ignore[arg-type]

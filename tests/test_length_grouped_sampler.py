@@ -251,7 +251,9 @@ def test_dict_rows_are_grouped_by_their_input_ids_as_transformers_does() -> None
     """Rows {"input_ids", "attention_mask"} were grouped by len(row), 2 for every sample: no grouping at all."""
     rows = [{"input_ids": t, "attention_mask": [1] * len(t)} for t in TOKENS]
     by_rows = LengthGroupedSampler(rows, batch_size=2, num_replicas=2, rank=1, seed=3)
-    by_lengths = LengthGroupedSampler(rows, batch_size=2, num_replicas=2, rank=1, seed=3, lengths=[len(t) for t in TOKENS])
+    by_lengths = LengthGroupedSampler(
+        rows, batch_size=2, num_replicas=2, rank=1, seed=3, lengths=[len(t) for t in TOKENS]
+    )
     assert by_rows.lengths.tolist() == [len(t) for t in TOKENS]
     assert list(by_rows) == list(by_lengths)
 

@@ -16,8 +16,8 @@ import torch.distributed as dist
 from gradsync.collectives.communicator import Communicator, Op
 from gradsync.collectives.tensors import average_tensors
 from gradsync.comm.default_hooks import allreduce_hook
-from gradsync.reducer.grad_bucket import GradBucket
 from gradsync.errors import ConfigError
+from gradsync.reducer.grad_bucket import GradBucket
 from gradsync.validate import require_ddp, require_group, require_int, require_state
 
 

@@ -55,7 +55,9 @@ class QuantizedState:
     def __post_init__(self) -> None:
         require_group("QuantizedState", "process_group", self.process_group)
         if isinstance(self.bits, bool) or not isinstance(self.bits, int) or self.bits not in (4, 8):
-            raise ConfigError(f"QuantizedState: bits must be 8 or 4 (an int), got {self.bits!r} ({type(self.bits).__name__})")
+            raise ConfigError(
+                f"QuantizedState: bits must be 8 or 4 (an int), got {self.bits!r} ({type(self.bits).__name__})"
+            )
         require_int("QuantizedState", "block (values per scale)", self.block, 1)
         require_bool("QuantizedState", "error_feedback", self.error_feedback)
         self.comm = Communicator(self.process_group)

@@ -172,13 +172,21 @@ class StreamingDiLoCo(LocalPhases):
         state = require_state(where, state, ("step_count", "anchors", "outer"))
         step_count = require_int(where, "step_count", state["step_count"], 0)
         anchors = require_tensors_like(where, "anchors", [a for f in state["anchors"] for a in f], _flat(self._anchors))
-        if [len(f) for f in state["anchors"]] != [len(f) for f in self._anchors] or len(state["outer"]) != len(self._outer):
+        if [len(f) for f in state["anchors"]] != [len(f) for f in self._anchors] or len(state["outer"]) != len(
+            self._outer
+        ):
             raise ConfigError(
                 f"{where}: the state holds {len(state['anchors'])} fragments of {[len(f) for f in state['anchors']]} "
                 f"tensors, this one {[len(f) for f in self._anchors]}: build it with the fragments it was saved with."
             )
         outer = [
-            check_saved_state(where, saved, [g["params"] for g in mine.param_groups], prober(type(mine), mine.defaults), mine.param_groups)
+            check_saved_state(
+                where,
+                saved,
+                [g["params"] for g in mine.param_groups],
+                prober(type(mine), mine.defaults),
+                mine.param_groups,
+            )
             for mine, saved in zip(self._outer, state["outer"])
         ]
         self.step_count = step_count

@@ -188,8 +188,8 @@ class LengthGroupedSampler(Sampler[list[int]]):
 
     ``lengths`` defaults to ``len(dataset[i])`` (of its first field for a tuple), read once here. For dict samples
     (Hugging Face datasets rows) it is the length of their ``model_input_name`` field, ``"input_ids"`` by default
-    as in transformers' sampler, or of their sequences where they all have one length; other dicts are refused. ``num_replicas``
-    and ``rank`` default to ``process_group``'s (default: the world group), as DistributedSampler's do.
+    as in transformers' sampler, or of their sequences where they all have one length; other dicts are refused.
+    ``num_replicas`` and ``rank`` default to ``process_group``'s (default: the world group), as DistributedSampler's do.
     """
 
     def __init__(
@@ -217,8 +217,8 @@ class LengthGroupedSampler(Sampler[list[int]]):
         self.seed = seed
         self.num_replicas, self.rank = replicas_and_rank(_OWNER, num_replicas, rank, process_group)
         self.dataset = dataset
-        self.shuffle = bool(require_bool(_OWNER, "shuffle", shuffle))
-        self.drop_last = bool(require_bool(_OWNER, "drop_last", drop_last))
+        self.shuffle = require_bool(_OWNER, "shuffle", shuffle)
+        self.drop_last = require_bool(_OWNER, "drop_last", drop_last)
         self.lengths = read_lengths(dataset, lengths, model_input_name)
         self.epoch = 0
         self._plan: tuple[int, list[list[int]]] | None = None  # (epoch, this rank's batches), made once per epoch

@@ -31,8 +31,12 @@ def check_saved_state(
     saved by gradsync before 0.1.1 left out (it kept only the ones given, not the class's: Adam's ``betas``)."""
     state = require_state(where, saved, ("state", "param_groups"))
     saved_groups = state["param_groups"]
-    if not isinstance(saved_groups, Sequence) or not all(isinstance(g, Mapping) and "params" in g for g in saved_groups):
-        raise ConfigError(f"{where}: the state's param_groups is not a list of groups with 'params': {saved_groups!r:.80}")
+    if not isinstance(saved_groups, Sequence) or not all(
+        isinstance(g, Mapping) and "params" in g for g in saved_groups
+    ):
+        raise ConfigError(
+            f"{where}: the state's param_groups is not a list of groups with 'params': {saved_groups!r:.80}"
+        )
     sizes, mine = [len(g["params"]) for g in saved_groups], [len(g) for g in groups]
     if sizes != mine:
         raise ConfigError(

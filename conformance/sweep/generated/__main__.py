@@ -15,8 +15,9 @@ from typing import Any
 
 from conformance.sweep.core import ROOT
 from conformance.sweep.generated.runner import CLASSES, run_all
+from lab.results import write_json
 
-BAD = ("vague", "silently accepted", "hang", "crash")
+BAD = ("vague", "silently accepted", "silently wrong", "hang", "crash")
 
 
 def counts(rows: list[dict[str, Any]], key: str) -> dict[str, dict[str, int]]:
@@ -57,6 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("-k", dest="select", help="cases whose name, surface or owner contains this text (a,b: either)")
     parser.add_argument("--out", type=Path, default=ROOT / "conformance" / "results" / "sweep-generated.json")
     parser.add_argument("--list", action="store_true")
+    parser.add_argument("--note", default="", help="recorded in the results: what code this ran against, and why")
     args = parser.parse_args(argv)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     wanted = [w for w in (args.select or "").split(",") if w]
@@ -69,7 +71,10 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     result = report(run_all(cases))
     result["seconds"] = round(time.monotonic() - started, 1)
-    args.out.write_text(json.dumps(result, indent=1, default=repr) + "\n")
+    import gradsync
+
+    result["library"] = {"gradsync": os.path.dirname(gradsync.__file__), "note": args.note}
+    write_json(args.out, json.loads(json.dumps(result, default=repr)))
     summary(result)
     print(f"\n{len(cases)} case(s) in {result['seconds']:.0f}s; results in {args.out}")
     return 0

@@ -9,12 +9,14 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
 from conformance.sweep.generated import fixtures as fx
+from conformance.sweep.generated.runner import WrongResult
 from conformance.sweep.generated.values import (
     BOOL,
     CHOICE,
@@ -31,7 +33,10 @@ from conformance.sweep.generated.values import (
 GROUP = OBJ(("not a group", "gloo"))
 MODULE = OBJ(("a tensor", Make(lambda: torch.zeros(3), "a tensor")), ("None", None))
 PLAIN_MODULE = OBJ(("an unwrapped module", Make(fx.model, "an unwrapped nn.Sequential")), ("None", None))
-OPT_CLASS = OBJ(("a name", "adam"), ("an instance", Make(lambda: torch.optim.SGD(fx.model().parameters(), lr=0.1), "an SGD instance")))
+OPT_CLASS = OBJ(
+    ("a name", "adam"),
+    ("an instance", Make(lambda: torch.optim.SGD(fx.model().parameters(), lr=0.1), "an SGD instance")),
+)
 NOT_CALLABLE = OBJ(("not callable", 3))
 _DEFAULT = "gradsync's own default for the variable, not a value users type"
 RECORDS = OBJ(("not a mapping", [1, 2]), ("rank to a non-record", {0: [1, 2]}))
@@ -47,6 +52,7 @@ class Target:
     use: Callable[[Any, dict[str, Any]], Any] | None = None
     group: bool = True  # the baseline needs a process group (of one)
     owner: str = "mine"
+    disk: Callable[[dict[str, Any]], str | None] | None = None  # after a refusal: what is wrong on disk, or None
 
 
 def _train_ddp(d: Any, _kw: dict[str, Any]) -> None:
@@ -112,6 +118,16 @@ def _dtensor_params() -> Any:
     return [nn.Parameter(distribute_tensor(torch.randn(4, 4), mesh, [Replicate()]))]
 
 
+def _grouped_by_tokens(sampler: Any, kw: dict[str, Any]) -> None:
+    """An epoch; for Hugging Face rows, the lengths must be the token counts (not len(row), the number of fields)."""
+    fx.iterate(sampler)
+    rows = kw["dataset"]
+    if isinstance(rows, list) and rows and isinstance(rows[0], dict) and "input_ids" in rows[0]:
+        want = [len(r["input_ids"]) for r in rows]
+        if sampler.lengths.tolist() != want:
+            raise WrongResult(f"grouped by lengths {sampler.lengths.tolist()}, the rows' input_ids are {want} long")
+
+
 def _bn_use(bn: Any, _kw: dict[str, Any]) -> None:
     bn.train()
     out = bn(torch.randn(4, bn.num_features if isinstance(bn.num_features, int) else 4, 3))
@@ -137,6 +153,28 @@ def _checkpoint_file() -> str:
     path = text_file("", ".pt")
     gradsync.checkpoint.save(path, model=fx.model())
     return path
+
+
+_PRIOR = {"prior": "a checkpoint written before"}
+
+
+def _over_prior(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """``kwargs`` writing over an earlier file, which a refused save must leave whole (``_prior``: its path)."""
+    import tempfile
+
+    import gradsync
+
+    path = str(Path(tempfile.mkdtemp(prefix="sweep-prior-")) / "ckpt.pt")
+    gradsync.checkpoint.atomic_torch_save(_PRIOR, path)
+    return {**kwargs, "path": path, "_prior": path}
+
+
+def _prior_intact(kwargs: dict[str, Any]) -> str | None:
+    prior = Path(kwargs["_prior"])
+    others = sorted(p.name for p in prior.parent.iterdir() if p != prior)
+    if not prior.exists() or torch.load(prior, weights_only=False) != _PRIOR:
+        return f"the earlier file {prior} was changed"
+    return f"left {others} beside it" if others else None
 
 
 def _set_rng(state: Any, _kw: dict[str, Any]) -> None:
@@ -222,7 +260,10 @@ TABLE: dict[str, Target] = {
             {
                 "dataset": OBJ(
                     ("not sized", Make(lambda: iter(range(10)), "an iterator")),
-                    ("dict rows of two sequences", Make(fx.ambiguous_rows, "dict rows {'question', 'answer'}", ("dict", "question"))),
+                    (
+                        "dict rows of two sequences",
+                        Make(fx.ambiguous_rows, "dict rows {'question', 'answer'}", ("dict", "question")),
+                    ),
                     ("ints without lengths", Make(lambda: list(range(10)), "a list of ints", ("int",))),
                     good=(("Hugging Face rows", Make(fx.hf_rows, "dict rows {'input_ids', 'attention_mask'}")),),
                 ),
@@ -239,12 +280,16 @@ TABLE: dict[str, Target] = {
                 "process_group": GROUP,
             }
         ),
-        lambda s, kw: fx.iterate(s),
+        _grouped_by_tokens,
     ),
     "gradsync.ShardedOptimizer": Target(
         _sharded_kwargs,
         {
-            "params": OBJ(("empty", []), ("DTensor parameters", Make(_dtensor_params, "DTensor parameters", ("DTensor",))), ("None", None)),
+            "params": OBJ(
+                ("empty", []),
+                ("DTensor parameters", Make(_dtensor_params, "DTensor parameters", ("DTensor",))),
+                ("None", None),
+            ),
             "optimizer_class": OPT_CLASS,
             "process_group": GROUP,
         },
@@ -380,7 +425,9 @@ TABLE: dict[str, Target] = {
         group=False,
         owner="elastic",
     ),
-    "gradsync.elastic.run": Target(lambda: {"train": lambda: None}, {"train": NOT_CALLABLE}, group=False, owner="elastic"),
+    "gradsync.elastic.run": Target(
+        lambda: {"train": lambda: None}, {"train": NOT_CALLABLE}, group=False, owner="elastic"
+    ),
     "gradsync.observe.Monitor": Target(
         _monitor_kwargs,
         {"ddp": PLAIN_MODULE, "optimizer": OBJ(("not an optimizer", "sgd")), "max_steps": INT(1)},
@@ -388,7 +435,9 @@ TABLE: dict[str, Target] = {
         owner="observe",
     ),
     "gradsync.observe.arrivals": Target(lambda: {"per_rank": {}}, {"per_rank": RECORDS}, group=False, owner="observe"),
-    "gradsync.observe.chrome_trace": Target(lambda: {"per_rank": {}}, {"per_rank": RECORDS}, group=False, owner="observe"),
+    "gradsync.observe.chrome_trace": Target(
+        lambda: {"per_rank": {}}, {"per_rank": RECORDS}, group=False, owner="observe"
+    ),
     "gradsync.observe.median_breakdown": Target(
         lambda: {"steps": []},
         {"steps": OBJ(("not records", [1, 2])), "skip_first": INT(0)},
@@ -401,10 +450,15 @@ TABLE: dict[str, Target] = {
         group=False,
         owner="observe",
     ),
-    "gradsync.observe.slowest_rank": Target(lambda: {"per_rank": {}}, {"per_rank": RECORDS}, group=False, owner="observe"),
+    "gradsync.observe.slowest_rank": Target(
+        lambda: {"per_rank": {}}, {"per_rank": RECORDS}, group=False, owner="observe"
+    ),
     "gradsync.observe.write_chrome_trace": Target(
         lambda: {"per_rank": {}, "path": text_file("", ".json")},
-        {"per_rank": RECORDS, "path": OBJ(("a directory", Make(lambda: __import__("tempfile").mkdtemp(), "a directory")))},
+        {
+            "per_rank": RECORDS,
+            "path": OBJ(("a directory", Make(lambda: __import__("tempfile").mkdtemp(), "a directory"))),
+        },
         group=False,
         owner="observe",
     ),
@@ -415,19 +469,21 @@ TABLE: dict[str, Target] = {
         group=False,
     ),
     "gradsync.checkpoint.atomic_torch_save": Target(
-        lambda: {"obj": {"a": 1}, "path": text_file("", ".pt")},
+        lambda: _over_prior({"obj": {"a": 1}}),
         {
             "obj": OBJ(("not picklable", Make(lambda: {"f": lambda: None}, "a dict holding a lambda"))),
             "path": OBJ(("a directory", Make(lambda: __import__("tempfile").mkdtemp(), "a directory")), ("None", None)),
         },
         group=False,
+        disk=_prior_intact,
     ),
     "gradsync.checkpoint.save": Target(
-        lambda: {"path": text_file("", ".pt"), "model": fx.model()},
+        lambda: _over_prior({"model": fx.model()}),
         {
             "path": OBJ(("a directory", Make(lambda: __import__("tempfile").mkdtemp(), "a directory")), ("None", None)),
             "process_group": GROUP,
         },
+        disk=_prior_intact,
     ),
     "gradsync.checkpoint.load": Target(
         lambda: {"path": _checkpoint_file()},
@@ -440,21 +496,35 @@ TABLE: dict[str, Target] = {
     "gradsync.checkpoint.restore": Target(
         lambda: {"checkpoint": __import__("gradsync").checkpoint.load(_checkpoint_file()), "model": fx.model()},
         {
-            "checkpoint": OBJ(("empty", {}), ("not a mapping", 3), ("a path, not loaded", Make(_checkpoint_file, "a path"))),
+            "checkpoint": OBJ(
+                ("empty", {}), ("not a mapping", 3), ("a path, not loaded", Make(_checkpoint_file, "a path"))
+            ),
             "restore_rng": BOOL(),
         },
         group=False,
     ),
     "gradsync.settings.read_bool": Target(
         lambda: {"name": "GRADSYNC_DEBUG", "default": False, "environ": {}},
-        {"name": FREE("a variable's name"), "default": FREE(_DEFAULT), "environ": OBJ(("not a mapping", ["GRADSYNC_DEBUG=1"]))},
+        {
+            "name": FREE("a variable's name"),
+            "default": FREE(_DEFAULT),
+            "environ": OBJ(("not a mapping", ["GRADSYNC_DEBUG=1"])),
+        },
         group=False,
     ),
     "gradsync.settings.read_seconds": Target(
         lambda: {"name": "GRADSYNC_TIMEOUT", "default": 600.0, "environ": {}},
-        {"name": FREE("a variable's name"), "default": FREE(_DEFAULT), "environ": OBJ(("not a mapping", ["GRADSYNC_TIMEOUT=1"]))},
+        {
+            "name": FREE("a variable's name"),
+            "default": FREE(_DEFAULT),
+            "environ": OBJ(("not a mapping", ["GRADSYNC_TIMEOUT=1"])),
+        },
         group=False,
     ),
+    "gradsync.integrations.lightning.GradsyncStrategy": Target(
+        lambda: {}, {"monitor": BOOL()}, group=False, owner="integrations"
+    ),
+    "gradsync.integrations.lightning.GradsyncFabricStrategy": Target(lambda: {}, {}, group=False, owner="integrations"),
     "gradsync.settings.debug": Target(lambda: {}, {"environ": OBJ(("not a mapping", ["x"]))}, group=False),
     "gradsync.settings.bucket_tuning": Target(lambda: {}, {"environ": OBJ(("not a mapping", ["x"]))}, group=False),
     "gradsync.settings.lending": Target(lambda: {}, {"environ": OBJ(("not a mapping", ["x"]))}, group=False),

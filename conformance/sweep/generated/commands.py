@@ -20,8 +20,12 @@ FLAGS: dict[str, tuple[tuple[str, Any], ...] | str] = {
     "nnodes": (("zero", "0"), ("MIN > MAX", "2:1"), ("text", "abc"), ("empty", ""), ("three parts", "1:2:3")),
     "nproc_per_node": (("zero", "0"), ("negative", "-1"), ("text", "abc"), ("empty", ""), ("a fraction", "1.5")),
     "rdzv_backend": (("unknown", "nonsense"), ("empty", "")),
-    "rdzv_endpoint": (("port not a number", "localhost:port"), ("port out of range", "localhost:99999"),
-                      ("a URL", "http://localhost:29400"), ("only colons", ":::")),  # fmt: skip
+    "rdzv_endpoint": (
+        ("port not a number", "localhost:port"),
+        ("port out of range", "localhost:99999"),
+        ("a URL", "http://localhost:29400"),
+        ("only colons", ":::"),
+    ),  # fmt: skip
     "rdzv_id": "a job's name: any text",
     "rdzv_conf": (("not KEY=VALUE", "novalue"),),
     "max_restarts": INT_BAD,
@@ -42,8 +46,13 @@ FLAGS: dict[str, tuple[tuple[str, Any], ...] | str] = {
     "signals_to_handle": (("unknown signal", "SIGNOPE"), ("text", "abc")),
     "shutdown_timeout": INT_BAD,
     "watchdog": FLOAT_BAD,
-    "store": (("no scheme", "localhost:2379"), ("http", "http://localhost:2379"), ("port not a number", "etcd://h:port"),
-              ("a path", "etcd://localhost:2379/job"), ("empty", "")),  # fmt: skip
+    "store": (
+        ("no scheme", "localhost:2379"),
+        ("http", "http://localhost:2379"),
+        ("port not a number", "etcd://h:port"),
+        ("a path", "etcd://localhost:2379/job"),
+        ("empty", ""),
+    ),  # fmt: skip
     "json": "a switch",
 }
 ETCD = ["--elastic", "--store", "etcd://127.0.0.1:2379", "--rdzv-id", "job"]
@@ -120,9 +129,8 @@ def _read_ddp() -> None:
 
 def _read_init() -> None:
     import gradsync
-    from gradsync.testing import free_port
-
     from conformance.sweep.generated import fixtures as fx
+    from gradsync.testing import free_port
 
     fx.world1_env(free_port())
     gradsync.init()

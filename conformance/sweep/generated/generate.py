@@ -55,7 +55,11 @@ def api_cases() -> list[GenCase]:
         if target is None:
             continue
         who = owner(name, target.owner)
-        cases.append(GenCase("api", name, "(baseline)", "valid", None, _api_run(obj, target, None, None), (), (), who, valid=True))
+        cases.append(
+            GenCase(
+                "api", name, "(baseline)", "valid", None, _api_run(obj, target, None, None), (), (), who, valid=True
+            )
+        )
         for p in surface.parameters(obj):
             domain = target.params[p.name]
             for label, value in wrong_values(domain):
@@ -68,7 +72,9 @@ def api_cases() -> list[GenCase]:
     return cases
 
 
-def _api_run(obj: Callable[..., Any], target: api.Target, param: str | None, value: Any) -> Callable[[GenCase], Outcome]:
+def _api_run(
+    obj: Callable[..., Any], target: api.Target, param: str | None, value: Any
+) -> Callable[[GenCase], Outcome]:
     def run(case: GenCase) -> Outcome:
         if target.group:
             fx.group1()
@@ -80,8 +86,12 @@ def _api_run(obj: Callable[..., Any], target: api.Target, param: str | None, val
                 case.names = [*case.names, kwargs[param]]
             elif isinstance(value, Make):
                 case.shows = list(value.shows) or [type(kwargs[param]).__name__]
-        return _call_then_use(lambda: obj(**{k: v for k, v in kwargs.items() if not k.startswith("_")}),
-                              None if target.use is None else lambda made: target.use(made, kwargs))  # fmt: skip
+        outcome = _call_then_use(lambda: obj(**{k: v for k, v in kwargs.items() if not k.startswith("_")}),
+                                 None if target.use is None else lambda made: target.use(made, kwargs))  # fmt: skip
+        damage = target.disk(kwargs) if target.disk is not None and outcome.error is not None else None
+        if damage:
+            outcome.problems.append(f"corrupted on disk: {damage}")
+        return outcome
 
     return run
 
@@ -184,7 +194,9 @@ def flag_cases() -> list[GenCase]:
             values = commands.flag_values(action)
             if isinstance(values, str):
                 continue
-            option = action.option_strings[-1] if action.option_strings[-1].startswith("--") else action.option_strings[0]
+            option = (
+                action.option_strings[-1] if action.option_strings[-1].startswith("--") else action.option_strings[0]
+            )
             names = tuple(action.option_strings) + (dest,)
             for label, value in values:
                 run = _flag_run(command, dest, option, value)
@@ -262,7 +274,9 @@ def environment_cases() -> list[GenCase]:
         who = "mine" if reader == "ddp" else "elastic" if reader != "init" else "runtime"
         for label, value in values:
             run = _env_run(variable, value, commands.READERS[reader])
-            cases.append(GenCase("environment", variable, variable, label, value, run, (variable,), _shows_of(value), who))
+            cases.append(
+                GenCase("environment", variable, variable, label, value, run, (variable,), _shows_of(value), who)
+            )
     return cases
 
 

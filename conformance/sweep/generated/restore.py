@@ -123,7 +123,6 @@ def _periodic_states(make: Callable[..., Any]) -> tuple[tuple[str, Any], ...]:
 
 def _checkpoint_of(width: int) -> dict[str, Any]:
     import gradsync
-
     from conformance.sweep.generated.values import text_file
 
     file = text_file("", ".pt")
@@ -145,7 +144,9 @@ def _elastic_loader() -> Any:
 
 RESTORED: dict[str, Restored] = {
     "gradsync.DistributedSampler": Restored(
-        _sampler("DistributedSampler", dataset=fx.TOKENS), fx.iterate, _sampler_states("DistributedSampler", dataset=fx.TOKENS)
+        _sampler("DistributedSampler", dataset=fx.TOKENS),
+        fx.iterate,
+        _sampler_states("DistributedSampler", dataset=fx.TOKENS),
     ),
     "gradsync.LengthGroupedSampler": Restored(
         _sampler("LengthGroupedSampler", dataset=fx.TOKENS, batch_size=2),
@@ -170,7 +171,9 @@ RESTORED: dict[str, Restored] = {
         _periodic_states(_periodic("StreamingDiLoCo", fragments=2)),
     ),
     # Its state is a step count, the same for any model: another model's is a valid state, not a wrong one.
-    "gradsync.comm.PostLocalSGD": Restored(_periodic("PostLocalSGD"), _periodic_use, (*COMMON, ("a negative count", {"step_count": -1}))),
+    "gradsync.comm.PostLocalSGD": Restored(
+        _periodic("PostLocalSGD"), _periodic_use, (*COMMON, ("a negative count", {"step_count": -1}))
+    ),
     "gradsync.elastic.ElasticLoader": Restored(
         _elastic_loader,
         lambda loader: list(loader),

@@ -6,7 +6,8 @@ The classes (the brief of issue 58): ``clear`` (an error, not of a bare internal
 what it got and says what to do, raised when the value is given), ``vague`` (an error lacking one of those; the
 ``problems`` say which), ``silently accepted`` (no error), ``hang`` (still running at the case's deadline: a Python
 loop is interrupted by an alarm, anything else killed), ``crash`` (the process died without a Python exception).
-``accepted`` is for a value inside its valid domain, ``skipped`` for a case that cannot run here.
+``accepted`` is for a value inside its valid domain, ``silently wrong`` for one accepted whose result is wrong,
+``skipped`` for a case that cannot run here.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from typing import Any
 
 from conformance.sweep.core import BARE_TYPES, RAW_MARKERS
 
-CLASSES = ("clear", "accepted", "vague", "silently accepted", "hang", "crash", "skipped")
+CLASSES = ("clear", "accepted", "vague", "silently accepted", "silently wrong", "hang", "crash", "skipped")
 # An error says what to do when it says what is valid or what to change: one of these words, in some form.
 DO_WORDS = (
     "must", "give", "use ", "pass", "set ", "drop", "add ", "expect", "should", "need", "only", "one of", "instead",
@@ -40,6 +41,10 @@ class Timeout(BaseException):
 
 class Skip(Exception):
     """This case cannot run here (the message says why)."""
+
+
+class WrongResult(Exception):
+    """A valid value was accepted, and what it gave is wrong (the message says how): raised by a case's use."""
 
 
 @dataclasses.dataclass
@@ -63,7 +68,7 @@ class GenCase:
     param: str  # the parameter, flag, key
     label: str  # what kind of wrong value
     value: Any
-    run: Callable[["GenCase"], Outcome]
+    run: Callable[[GenCase], Outcome]
     names: Sequence[str]  # texts of which one, in an error, names the argument
     shows: Sequence[str]  # texts of which one shows the value
     owner: str = ""
@@ -101,6 +106,8 @@ def classify(case: GenCase, outcome: Outcome) -> dict[str, Any]:
         if case.valid:
             return {"class": "accepted", "type": "", "message": "accepted (a valid value)"}
         return {"class": "silently accepted", "type": "", "message": outcome.text[-600:] or "no error"}
+    if isinstance(outcome.error, WrongResult):
+        return {"class": "silently wrong", "type": "", "message": str(outcome.error)}
     if isinstance(outcome.error, Timeout):
         return {"class": "hang", "type": "Hang", "message": f"still running after {case.timeout:g}s (interrupted)"}
     kind = type(outcome.error).__name__ if outcome.error is not None else f"exit {outcome.code}"
@@ -189,10 +196,16 @@ def _kill_group(pid: int) -> None:
 
 def _result(data: bytes, status: int, hung: bool, case: GenCase) -> dict[str, Any]:
     if hung:
-        return {"class": "hang", "type": "Hang", "message": f"still running after {case.timeout + HARD_MARGIN_S:g}s (killed)"}
+        return {
+            "class": "hang",
+            "type": "Hang",
+            "message": f"still running after {case.timeout + HARD_MARGIN_S:g}s (killed)",
+        }
     if data:
         return json.loads(data)
-    how = f"killed by {signal.Signals(os.WTERMSIG(status)).name}" if os.WIFSIGNALED(status) else "exited without a result"
+    how = (
+        f"killed by {signal.Signals(os.WTERMSIG(status)).name}" if os.WIFSIGNALED(status) else "exited without a result"
+    )
     return {"class": "crash", "type": "Crash", "message": f"the case's process died: {how}"}
 
 

@@ -72,6 +72,17 @@ def public_callables() -> dict[str, Callable[..., Any]]:
     return found
 
 
+def unavailable() -> list[str]:
+    """The public packages that cannot be imported here (an optional integration whose library is missing)."""
+    missing = []
+    for package in PUBLIC:
+        try:
+            importlib.import_module(package)
+        except ImportError:
+            missing.append(package)
+    return missing
+
+
 def parameters(obj: Callable[..., Any]) -> list[inspect.Parameter]:
     """The named parameters a user passes (not ``self``, ``*args``, ``**kwargs``, nor a dataclass's private fields)."""
     try:
