@@ -22,6 +22,9 @@ from gradsync.errors import ConfigError
 # overflows, past ~9.2e12 s gloo refuses the timeout as negative (its microseconds overflow int64).
 MAX_SECONDS = 1e9
 _TRUE = ("1", "true", "yes", "on")
+# The longest timeout taken: about 31 years. Longer ones overflow what they become (a timedelta, torch's
+# milliseconds in C++); "never" is not a timeout a collective should have.
+MAX_SECONDS = 1e9
 _FALSE = ("0", "false", "no", "off")
 
 
@@ -31,7 +34,7 @@ def read_bool(name: str, default: bool, environ: Mapping[str, str] | None = None
     >>> read_bool("GRADSYNC_DEBUG", False, {"GRADSYNC_DEBUG": "off"})
     False
     """
-    value = (os.environ if environ is None else environ).get(name, "").strip().lower()
+    value = _environment(environ).get(name, "").strip().lower()
     if not value:
         return default
     if value in _TRUE:
@@ -47,7 +50,7 @@ def read_seconds(name: str, default: float, environ: Mapping[str, str] | None = 
     >>> read_seconds("GRADSYNC_TIMEOUT", 600.0, {"GRADSYNC_TIMEOUT": "30"})
     30.0
     """
-    value = (os.environ if environ is None else environ).get(name, "").strip()
+    value = _environment(environ).get(name, "").strip()
     if not value:
         return default
     try:
@@ -60,6 +63,14 @@ def read_seconds(name: str, default: float, environ: Mapping[str, str] | None = 
             f"(e.g. {name}=600)."
         )
     return seconds
+
+
+def _environment(environ: Mapping[str, str] | None) -> Mapping[str, str]:
+    if environ is None:
+        return os.environ
+    if not isinstance(environ, Mapping):
+        raise ConfigError(f"environ must be a mapping of variable names to values, got {type(environ).__name__}")
+    return environ
 
 
 def debug(environ: Mapping[str, str] | None = None) -> bool:
