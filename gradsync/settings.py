@@ -22,9 +22,6 @@ from gradsync.errors import ConfigError
 # overflows, past ~9.2e12 s gloo refuses the timeout as negative (its microseconds overflow int64).
 MAX_SECONDS = 1e9
 _TRUE = ("1", "true", "yes", "on")
-# The longest timeout taken: about 31 years. Longer ones overflow what they become (a timedelta, torch's
-# milliseconds in C++); "never" is not a timeout a collective should have.
-MAX_SECONDS = 1e9
 _FALSE = ("0", "false", "no", "off")
 
 
