@@ -210,6 +210,17 @@ def _swaps_and_nesting(rank: int, world_size: int) -> dict[str, str]:
     inner = gradsync.DistributedDataParallel(nn.Linear(3, 1), gradient_as_bucket_view=True)
     attempt("nested views", lambda: gradsync.DistributedDataParallel(inner))
     attempt("nested", lambda: gradsync.DistributedDataParallel(gradsync.DistributedDataParallel(nn.Linear(3, 1))))
+    # With gradsync's class under torch's name, as torch's own DDP tests run it (conformance/torch_suite): before,
+    # refused as "already wrapped in torch's DistributedDataParallel".
+    torch_class, torch.nn.parallel.DistributedDataParallel = (
+        torch.nn.parallel.DistributedDataParallel,
+        gradsync.DistributedDataParallel,
+    )
+    try:
+        wrap = torch.nn.parallel.DistributedDataParallel
+        attempt("nested under torch's name", lambda: wrap(wrap(nn.Linear(3, 1)), static_graph=True))
+    finally:
+        torch.nn.parallel.DistributedDataParallel = torch_class
     return said
 
 
@@ -222,4 +233,4 @@ def test_functional_call_and_a_ddp_inside_a_ddp_as_torch_takes_them_or_refused_b
     assert said["every"] == "accepted", said
     assert "parameter '0.weight' (and 3 more) was replaced" in said["replaced after"], said
     assert "gradient_as_bucket_view" in said["nested views"] and "'<root>'" in said["nested views"], said
-    assert said["nested"] == "accepted", said
+    assert said["nested"] == said["nested under torch's name"] == "accepted", said
