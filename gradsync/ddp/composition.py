@@ -13,7 +13,7 @@ from typing import Any
 import torch.distributed as dist
 from torch import nn
 
-from gradsync.ddp.callers import callers
+from gradsync.ddp.callers import TorchStageLook, inside_functional_call
 from gradsync.errors import ConfigError
 from gradsync.reducer.local_params import is_dtensor
 from gradsync.torch_private.tensor_parallel import fsdp_module_types
@@ -102,25 +102,40 @@ def refuse_pipeline_dimension(device_mesh: Any) -> None:
 
 class InUse:
     """At every synced forward (and :meth:`~gradsync.DistributedDataParallel.sync_next_backward`): what construction
-    could not see. Called, it returns whether this step's backward averages. ``named``: the parameters DDP hooked."""
+    could not see. Called, it returns whether this step's backward averages. ``named``: the parameters DDP hooked.
+
+    Cheap per step: a look up the stack only where torch's pipelining was imported, and one dictionary lookup for
+    the first parameter; the whole list is compared at the first synced forward, and again only when the first
+    parameter is not the module's (``functional_call``, or a replacement after wrapping)."""
 
     def __init__(self, module: nn.Module, named: Sequence[tuple[str, nn.Parameter]], rank: int, find_unused: bool):
         self._module = module
         self._named = named
         self._rank = rank
         self._find_unused = find_unused
+        owner, _, attribute = named[0][0].rpartition(".") if named else ("", "", "")
+        self._first = (module.get_submodule(owner), attribute, named[0][1]) if named else None
         self._replaced_checked = False
+        self._torch_stage_calling = TorchStageLook()
 
     def __call__(self) -> bool:
-        found = callers()
-        if found.torch_stage is not None:
-            refuse_torch_pipeline_stage(found.torch_stage, self._rank)
-        if found.functional_call:
+        stage = self._torch_stage_calling()
+        if stage is not None:
+            refuse_torch_pipeline_stage(stage, self._rank)
+        if self._replaced_checked and self._first_in_place():
+            return True
+        if inside_functional_call():
             return self._swapped_for_one_call()
-        if not self._replaced_checked:  # once: a tensor-parallel plan applied after wrapping, before training
-            self._replaced_checked = True
-            refuse_replaced_parameters(self._module, self._named, self._rank)
+        # Outside functional_call: once, the whole list; then whenever the first parameter is not the module's.
+        self._replaced_checked = True
+        refuse_replaced_parameters(self._module, self._named, self._rank)
         return True
+
+    def _first_in_place(self) -> bool:
+        if self._first is None:
+            return True
+        owner, attribute, parameter = self._first
+        return getattr(owner, attribute, None) is parameter
 
     def _swapped_for_one_call(self) -> bool:
         """Inside ``torch.func.functional_call(ddp, tensors, ...)``, whose tensors stand in for the module's during
