@@ -203,6 +203,7 @@ def _ddp_over_the_pipeline_dimension(rank: int, world: int, spelling: str) -> di
             ddp = gradsync.DistributedDataParallel(block, process_group=mesh["pp"].get_group())
         PipelineStage(ddp, rank, 2, torch.device("cpu"), group=mesh["pp"].get_group())
     except gradsync.GradsyncError as error:
+        torch.distributed.barrier()  # no rank leaves (closing its sockets) while the other still connects its group
         return {"error": str(error), "kept": _max_diff(_weights({rank: block}), before) == 0.0}
     return {"error": None}
 
@@ -234,9 +235,11 @@ def _bad_stage(rank: int, world: int, case: str) -> str:
     }[case]
     try:
         PipelineStage(Block(), *arguments, torch.device("cpu"))
+        said = "accepted"
     except gradsync.GradsyncError as error:
-        return str(error)
-    return "accepted"
+        said = str(error)
+    torch.distributed.barrier()  # no rank leaves (closing its sockets) while the other still connects its group
+    return said
 
 
 BAD_STAGES = {
