@@ -46,6 +46,11 @@ def check_composition(
                 "gradients over its mesh: wrapping it in DDP too would average them twice. For data parallelism "
                 "with FSDP use fully_shard's 2-D mesh (HSDP); gradsync's DDP takes unsharded or tensor-parallel models."
             )
+    check_tensor_parallel(module, process_group, device_mesh)
+
+
+def check_tensor_parallel(module: nn.Module, process_group: dist.ProcessGroup | None, device_mesh: Any) -> None:
+    """DTensor parameters need a data-parallel group that shares no rank but this one with their mesh."""
     sharded = [(n, p) for n, p in module.named_parameters() if is_dtensor(p)]
     if not sharded:
         return
