@@ -83,7 +83,7 @@ def check_nesting(module: nn.Module, as_view: bool, wrapper: type) -> None:
     gradient_as_bucket_view on either: each would make ``.grad`` a view of its own bucket (torch's DDP then fails,
     or averages wrongly, silently)."""
     inner = [(name or "<root>", sub) for name, sub in module.named_modules() if isinstance(sub, wrapper)]
-    viewed = [name for name, sub in inner if as_view or sub.gradient_as_bucket_view]
+    viewed = [name for name, sub in inner if as_view or getattr(sub, "gradient_as_bucket_view", False)]
     if viewed:
         raise ConfigError(
             f"module '{viewed[0]}' is a gradsync DistributedDataParallel already, and with gradient_as_bucket_view "
@@ -95,7 +95,7 @@ def check_nesting(module: nn.Module, as_view: bool, wrapper: type) -> None:
 def refuse_pipeline_dimension(device_mesh: Any) -> None:
     """Before the model check and rank 0's broadcast: a data-parallel group along the pipeline dimension would
     overwrite each stage's weights with stage 0's, then deadlock (the ranks hold different stages)."""
-    names = getattr(device_mesh, "mesh_dim_names", None) or ()
+    names: tuple[str, ...] = tuple(getattr(device_mesh, "mesh_dim_names", None) or ())
     if len(names) == 1 and names[0].lower() in PIPELINE_DIMENSIONS:
         raise ConfigError(
             f"device_mesh=mesh[{names[0]!r}] names the pipeline dimension, whose ranks hold different pipeline "
