@@ -61,7 +61,7 @@ def _frame_of(codes: Collection[CodeType]) -> FrameType | None:
         frame: FrameType | None = sys._getframe(_FIRST_FRAME)
     except ValueError:  # a shallower stack: none of them is there
         return None
-    wanted = [id(code) for code in codes]  # by identity: a code object's hash reads its whole bytecode each time
+    wanted = [id(code) for code in codes]  # by identity: a code object's hash is recomputed at each lookup
     for _ in range(_FRAMES_UP):
         if frame is None or id(frame.f_code) in wanted:
             return frame
