@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 import functools
 import io
+import itertools
 import os
 import weakref
 from collections.abc import Callable
@@ -178,9 +179,9 @@ def test_only_a_gradient_nothing_else_holds_is_lent() -> None:
     base = torch.zeros(8)
     cut.grad = base[:4]  # shares its memory with base
     needs_grad.grad = torch.zeros(4, requires_grad=True)
-    grads = [own.grad, cut.grad, needs_grad.grad]
     with torch.no_grad():
-        lend(grads, slots)  # type: ignore[arg-type]
+        lend([own, cut, needs_grad], slots)
+    grads = [own.grad, cut.grad, needs_grad.grad]
     assert own.grad.untyped_storage().data_ptr() == slots[0].untyped_storage().data_ptr()  # lent
     assert cut.grad.untyped_storage().data_ptr() == base.untyped_storage().data_ptr()  # copied into
     assert needs_grad.grad.untyped_storage().data_ptr() != slots[2].untyped_storage().data_ptr()
@@ -189,7 +190,7 @@ def test_only_a_gradient_nothing_else_holds_is_lent() -> None:
 
 # Every way a gradient's memory can be shared or exported in a hook, with how to read what the alias sees. Each is
 # either detected (the gradient is copied into, as torch's reducer does, and the alias sees the averages) or is no
-# alias (the same tensor object: lending points it at the averages; or a copy). ``lent`` says which lending does.
+# alias (a weak reference; a copy). ``lent`` says which lending does.
 # Not here, because nothing can detect them: a raw data_ptr() an extension keeps, a CUDA graph that captured the
 # address (docs/migrating.md says to set GRADSYNC_LENDING=0 there); __array_interface__ (torch tensors have none) and
 # __cuda_array_interface__ (CUDA only; on CPU it raises).
@@ -203,6 +204,11 @@ def _loaded(saved: bytes) -> torch.Tensor:
     return torch.load(io.BytesIO(saved))
 
 
+def _dereferenced(ref: weakref.ref) -> torch.Tensor:
+    tensor = ref()  # a tensor hook's incoming gradient may be gone, under either framework
+    return torch.empty(0) if tensor is None else tensor
+
+
 def _storage_of(g: torch.Tensor) -> tuple[torch.UntypedStorage, int, torch.Size]:
     return g.untyped_storage(), g.storage_offset(), g.shape  # a lent .grad's storage is its bucket layout's
 
@@ -212,8 +218,8 @@ def _through_storage(kept: tuple[torch.UntypedStorage, int, torch.Size]) -> torc
 
 
 ALIASES: dict[str, tuple[Callable[[torch.Tensor], Any], Callable[[Any], torch.Tensor], bool]] = {
-    "the tensor itself": (lambda g: g, lambda a: a, True),
-    "a weak reference": (weakref.ref, lambda a: a(), True),
+    "the tensor itself": (lambda g: g, lambda a: a, False),  # as a __cuda_array_interface__ consumer keeps it
+    "a weak reference": (weakref.ref, _dereferenced, True),
     "torch.save": (_saved, _loaded, True),  # a copy: the local gradient under either framework
     "a view": (lambda g: g.view(2, -1), lambda a: a, False),
     "detach()": (lambda g: g.detach(), lambda a: a, False),
@@ -239,7 +245,7 @@ def test_an_alias_is_detected_or_sees_the_averages(kind: str) -> None:
     slot = torch.arange(8.0)[4:]  # the averages, in a bucket's storage
     local = param.grad.clone()  # a capsule is read once: not before lending
     with torch.no_grad():
-        lend([param.grad], [slot])  # type: ignore[list-item]
+        lend([param], [slot])
     assert (param.grad.untyped_storage().data_ptr() == slot.untyped_storage().data_ptr()) == lent
     assert torch.equal(param.grad, slot)
     expected = local if kind == "torch.save" else slot  # torch's DDP copies the averages into .grad
@@ -250,16 +256,24 @@ def _keep_alias(keep: Callable[[torch.Tensor], Any], kept: list, param: torch.Te
     kept.append(keep(param.grad))  # type: ignore[arg-type]
 
 
+def _keep_incoming(keep: Callable[[torch.Tensor], Any], kept: list, grad: torch.Tensor) -> None:
+    kept.append(keep(grad))
+
+
 def _aliases_against_torch(rank: int, world_size: int) -> dict:
     # The case and its kin: a post-accumulate hook keeps an alias of a large weight's .grad (lent from the
     # step after the rebuild on). Under torch's DDP the averages are copied into that .grad, so the alias sees them.
+    # A tensor hook's alias of the incoming gradient: autograd then accumulates a copy of it, under either.
     found = {}
-    for kind, (keep, read, _lent) in ALIASES.items():
+    for hook, (kind, (keep, read, _lent)) in itertools.product(("post_accumulate", "tensor"), ALIASES.items()):
         nets = _pair()
         kept: dict[int, list] = {0: [], 1: []}
         for k, net in enumerate(nets):
             weight = net.module[0].weight
-            weight.register_post_accumulate_grad_hook(functools.partial(_keep_alias, keep, kept[k]))
+            if hook == "tensor":
+                weight.register_hook(functools.partial(_keep_incoming, keep, kept[k]))
+            else:
+                weight.register_post_accumulate_grad_hook(functools.partial(_keep_alias, keep, kept[k]))
         seen, same = [], []
         for step in range(4):
             for net in nets:
@@ -267,7 +281,7 @@ def _aliases_against_torch(rank: int, world_size: int) -> dict:
             _step(nets, rank, step)
             seen.append(torch.equal(read(kept[0][-1]).reshape(-1), read(kept[1][-1]).reshape(-1)))
             same.append(_same(*nets))
-        found[kind] = {"seen": seen, "same": same}
+        found[f"{hook}: {kind}"] = {"seen": seen, "same": same}
     return found
 
 

@@ -13,12 +13,14 @@ storage object, back at the baseline measured before anything was lent. If a gra
 the storage object of one is still held (``zero_grad(set_to_none=False)``, gradients kept across steps, no_sync
 accumulating into the last step's), the buckets move to a storage of their own, once, and
 averages are copied back from then on: torch's behaviour and torch's cost. Nothing is lent where the values could
-differ from torch's: gradient_as_bucket_view (``.grad`` is the slot already), a gradient whose memory anything else
-holds (:func:`~gradsync.torch_private.storage.held_by_its_parameter_alone`: a view, a NumPy array, a DLPack export,
-its storage object, shared or pinned memory), one that needs autograd (``create_graph=True``), a tensor subclass,
-or a layout other than the slot's. ``grad.set_(slot)`` lets go of the gradient's own memory, so anything that still
-read it would read freed memory: only what cannot be detected (a raw ``data_ptr()`` an extension keeps) is left,
-and docs/migrating.md says to turn lending off (``GRADSYNC_LENDING=0``) there.
+differ from torch's: gradient_as_bucket_view (``.grad`` is the slot already), a gradient that anything but its
+parameter holds, or whose memory anything else holds
+(:func:`~gradsync.torch_private.storage.gradient_held_by_its_parameter_alone`: a Python reference, a view, a NumPy
+array, a DLPack export, its storage object, shared or pinned memory), one that needs autograd
+(``create_graph=True``), a tensor subclass, or a layout other than the slot's. ``grad.set_(slot)`` lets go of the
+gradient's own memory, so anything that still read it would read freed memory: only what cannot be detected (a raw
+``data_ptr()`` an extension keeps, a CUDA graph that captured the address) is left, and docs/migrating.md says to
+turn lending off (``GRADSYNC_LENDING=0``) there.
 """
 
 from __future__ import annotations
@@ -28,7 +30,11 @@ from collections.abc import Sequence
 
 import torch
 
-from gradsync.torch_private.storage import can_count_storage_uses, held_by_its_parameter_alone, storage_holders
+from gradsync.torch_private.storage import (
+    can_count_storage_uses,
+    gradient_held_by_its_parameter_alone,
+    storage_holders,
+)
 
 
 class Verdict(enum.Enum):
@@ -60,16 +66,19 @@ class Lending:
         return Verdict.MOVE
 
 
-def lend(grads: Sequence[torch.Tensor], slots: Sequence[torch.Tensor]) -> None:
-    """Each gradient (its parameter's ``.grad``) gets its averaged slot: lent where the gradient's memory is its
-    parameter's alone and its layout the slot's, copied otherwise (torch's copy, seen by every alias)."""
-    for grad, slot in zip(grads, slots):
-        if (
-            type(grad) is torch.Tensor
-            and not grad.requires_grad
-            and grad.is_contiguous()
-            and held_by_its_parameter_alone(grad)
-        ):
-            grad.set_(slot)  # type: ignore[call-overload]
+def lend(params: Sequence[torch.Tensor], slots: Sequence[torch.Tensor]) -> None:
+    """Each parameter's ``.grad`` gets its averaged slot: lent where the gradient and its memory are the parameter's
+    alone and its layout the slot's, copied otherwise (torch's copy, seen by every alias). Holds no reference to a
+    gradient while it asks who holds it."""
+    for param, slot in zip(params, slots):
+        if _lendable(param):
+            param.grad.set_(slot)  # type: ignore[union-attr, call-overload]
         else:
-            grad.copy_(slot)
+            param.grad.copy_(slot)  # type: ignore[union-attr]
+
+
+def _lendable(param: torch.Tensor) -> bool:
+    grad = param.grad
+    plain = type(grad) is torch.Tensor and not grad.requires_grad and grad.is_contiguous()
+    del grad  # counted by who holds it, below
+    return plain and gradient_held_by_its_parameter_alone(param)

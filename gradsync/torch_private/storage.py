@@ -13,14 +13,17 @@ a view, ``.detach()``, ``.data``, ``.numpy()``     another tensor on the storage
 ``torch.from_dlpack``, ``np.from_dlpack``,         the capsule holds the gradient's own TensorImpl (an
 ``torch.utils.dlpack.to_dlpack``                   ``at::Tensor``), not its storage: the tensor's use count
 ``untyped_storage()`` / ``storage()`` kept         the storage's Python object: its Python references
+``__cuda_array_interface__`` (CuPy, Numba)         the consumer keeps the tensor: its Python references
 ``share_memory_()`` (another process maps it)      the storage is shared (``is_shared``)
 pinned memory (a hook returned a pinned gradient)  ``is_pinned``
 a raw ``data_ptr()`` kept by an extension, a       nothing: undetectable (docs/migrating.md says how to turn
 CUDA graph that captured the address               lending off)
 =================================================  ==========================================================
 
-A Python reference to the gradient tensor itself is no alias: lending points that same tensor at the averages.
-``torch.save`` and ``pin_memory()`` copy.
+A Python reference to the gradient tensor itself would see the averages (lending points that same tensor at them),
+but a consumer of ``__cuda_array_interface__`` (CuPy, Numba) keeps the tensor object and the raw address it read:
+so any Python reference beyond the reducer's counts too. A weak reference holds nothing. ``torch.save`` and
+``pin_memory()`` copy.
 """
 
 from __future__ import annotations
@@ -48,34 +51,35 @@ def can_count_storage_uses() -> bool:
     return _USE_COUNT is not None and hasattr(torch.Tensor, "_use_count")
 
 
-def _holders(tensor: torch.Tensor) -> tuple[int, int, int]:
-    """Who holds ``tensor``'s memory: the owners of its TensorImpl (``Tensor._use_count``: its parameter's
-    ``.grad``, its Python object, a DLPack capsule), the storage's use count, and the Python references to its
-    storage object (this function's own included)."""
+def _holders(param: torch.Tensor) -> tuple[int, int, int, int]:
+    """Who holds ``param``'s gradient and its memory: the Python references to the gradient tensor object (a
+    consumer of ``__cuda_array_interface__`` keeps the object and its raw address), the owners of its TensorImpl
+    (``Tensor._use_count``: the parameter's ``.grad``, its Python object, a DLPack capsule), the storage's use count,
+    and the Python references to its storage object (this function's own included in each)."""
     assert _USE_COUNT is not None
-    storage = tensor.untyped_storage()
-    return tensor._use_count(), _USE_COUNT(storage._cdata), sys.getrefcount(storage)
+    grad = param.grad
+    assert grad is not None
+    storage = grad.untyped_storage()
+    return sys.getrefcount(grad), grad._use_count(), _USE_COUNT(storage._cdata), sys.getrefcount(storage)
 
 
 @functools.cache
-def _sole_gradient() -> tuple[int, int, int]:
+def _sole_gradient() -> tuple[int, int, int, int]:
     """Calibrated, not assumed: what a gradient that only its parameter holds counts in this torch (one tiny
-    backward, once), read the way the reducer reads ``.grad``."""
+    backward, once), read the way :func:`gradient_held_by_its_parameter_alone` reads it."""
     param = torch.nn.Parameter(torch.zeros(2))
     with torch.enable_grad():
         (param * 1).sum().backward()
-    grad = param.grad
-    assert grad is not None
-    return _holders(grad)
+    return _holders(param)
 
 
-def held_by_its_parameter_alone(grad: torch.Tensor) -> bool:
-    """Whether nothing but its parameter's ``.grad`` (and Python references to this same tensor object) holds
-    ``grad``'s memory: no other tensor on its storage (a view, a base it was cut from, a NumPy array), no DLPack
-    export of it, no Python handle on its storage, and a storage neither shared with other processes nor pinned.
-    Call :func:`can_count_storage_uses` first."""
-    storage = grad.untyped_storage()
+def gradient_held_by_its_parameter_alone(param: torch.Tensor) -> bool:
+    """Whether nothing but ``param`` holds its ``.grad`` and that gradient's memory: no Python reference to the
+    gradient object, no other tensor on its storage (a view, a base it was cut from, a NumPy array), no DLPack export
+    of it, no Python handle on its storage, and a storage neither shared with other processes nor pinned. The caller
+    must hold no reference to the gradient itself. Call :func:`can_count_storage_uses` first."""
+    storage = param.grad.untyped_storage()  # type: ignore[union-attr]
     if storage.is_shared() or storage.is_pinned():
         return False
     del storage
-    return _holders(grad) == _sole_gradient()
+    return _holders(param) == _sole_gradient()
