@@ -31,6 +31,7 @@ from collections.abc import Sequence
 import torch
 
 from gradsync.torch_private.storage import (
+    calibrate,
     can_count_storage_uses,
     gradient_held_by_its_parameter_alone,
     storage_holders,
@@ -50,6 +51,8 @@ class Lending:
     def __init__(self, enabled: bool = True) -> None:
         self._baseline: list[tuple[int, int]] | None = None
         self._gave_up = not enabled or not can_count_storage_uses()
+        if not self._gave_up:
+            calibrate()
 
     def before_step(self, storage: Sequence[torch.Tensor]) -> Verdict:
         """Before a synced backward writes into ``storage`` (the final layout's, after the rebuild): lend again,

@@ -67,10 +67,16 @@ def _holders(param: torch.Tensor) -> tuple[int, int, int, int]:
 def _sole_gradient() -> tuple[int, int, int, int]:
     """Calibrated, not assumed: what a gradient that only its parameter holds counts in this torch (one tiny
     backward, once), read the way :func:`gradient_held_by_its_parameter_alone` reads it."""
-    param = torch.nn.Parameter(torch.zeros(2))
-    with torch.enable_grad():
+    with torch.inference_mode(False), torch.enable_grad():
+        param = torch.nn.Parameter(torch.zeros(2, device="cpu"))
         (param * 1).sum().backward()
     return _holders(param)
+
+
+def calibrate() -> None:
+    """Measure what a lone gradient counts now, outside any backward (the reducer lends inside one, at its end)."""
+    if can_count_storage_uses():
+        _sole_gradient()
 
 
 def gradient_held_by_its_parameter_alone(param: torch.Tensor) -> bool:
