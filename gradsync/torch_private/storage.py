@@ -60,7 +60,8 @@ def _holders(param: torch.Tensor) -> tuple[int, int, int, int]:
     grad = param.grad
     assert grad is not None
     storage = grad.untyped_storage()
-    return sys.getrefcount(grad), grad._use_count(), _USE_COUNT(storage._cdata), sys.getrefcount(storage)
+    owners = grad._use_count()  # type: ignore[attr-defined]
+    return sys.getrefcount(grad), owners, _USE_COUNT(storage._cdata), sys.getrefcount(storage)
 
 
 @functools.cache
