@@ -1,6 +1,6 @@
 """A parameter's own hooks see and change what they would under torch's DDP: tensor hooks (``register_hook``) and
 post-accumulate-grad hooks, registered before or after wrapping, observing or changing the gradient, on every kind
-of parameter (lent, bucketed and copied back, sparse, unused) and in every graph mode.
+of parameter (lent, bucketed and copied back, sparse, unused), in every graph mode and with gradient_as_bucket_view.
 
 torch's reducer hooks each parameter's gradient accumulator (a post hook of its AccumulateGrad node), which autograd
 runs after the parameter's post-accumulate-grad hooks, whenever they were registered: a hook that scales ``.grad`` in
@@ -75,6 +75,7 @@ def _wrap(
     if when == "before":
         _install(model, hook, action, seen)
     kwargs = {"find_unused_parameters": mode == "find_unused", "static_graph": mode == "static"}
+    kwargs["gradient_as_bucket_view"] = mode == "bucket_view"
     kwargs["bucket_cap_mb"] = cap_mb
     if framework == "torch":
         ddp = torch.nn.parallel.DistributedDataParallel(model, **kwargs)
@@ -87,7 +88,7 @@ def _wrap(
 
 def _run(framework: str, rank: int, mode: str, when: str, hook: str, action: str) -> dict:
     torch.manual_seed(0)
-    model = Net(with_unused=mode != "all_used")
+    model = Net(with_unused=mode in ("find_unused", "static"))
     seen: list = []
     ddp = _wrap(framework, model, mode, when, hook, action, seen)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -135,7 +136,7 @@ def _check(results: list[dict]) -> None:
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize(
     ("mode", "lending"),
-    [("all_used", True), ("all_used", False), ("find_unused", True), ("static", True)],
+    [("all_used", True), ("all_used", False), ("find_unused", True), ("static", True), ("bucket_view", True)],
 )
 def test_parameter_hooks_see_and_change_what_they_would_under_torch(mode: str, lending: bool) -> None:
     _check(spawn(_cases, args=(mode, lending), timeout=280))
