@@ -24,7 +24,8 @@ import torch.distributed as dist
 from gradsync import dtensor_state
 from gradsync.collectives.communicator import Communicator, Op
 from gradsync.collectives.peer_errors import post_error
-from gradsync.errors import CheckpointError, ConfigError
+from gradsync.errors import CheckpointError, ConfigError, GradsyncError
+from gradsync.validate import require_bool, require_group, require_state
 
 # Every rank must call save: the ones that arrive wait for the others, as long as a collective may take (the process
 # group's timeout: GRADSYNC_TIMEOUT under gradsync.init), before failing by name; a number here overrides it.
@@ -61,11 +62,18 @@ def set_rng_state(state: Mapping[str, Any]) -> None:
 
         checkpoint.set_rng_state(checkpoint.rng_state())   # what restore() does with a checkpoint's saved states
     """
-    torch.set_rng_state(state["torch"])
-    np.random.set_state(state["numpy"])
-    random.setstate(state["python"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+    state = require_state("checkpoint.set_rng_state", state, ("torch", "numpy", "python"))
+    try:
+        torch.set_rng_state(state["torch"])
+        np.random.set_state(state["numpy"])
+        random.setstate(state["python"])
+        if "cuda" in state and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(state["cuda"])
+    except (TypeError, ValueError, RuntimeError) as exc:
+        raise ConfigError(
+            f"checkpoint.set_rng_state: the state holds something that is no generator state ({exc}); pass what "
+            "checkpoint.rng_state() returned."
+        ) from None
 
 
 def atomic_torch_save(obj: Any, path: str | os.PathLike) -> None:
@@ -75,7 +83,17 @@ def atomic_torch_save(obj: Any, path: str | os.PathLike) -> None:
 
         checkpoint.atomic_torch_save({"step": 3}, "state.pt")   # a reader sees the old state.pt or the new one, whole
     """
-    path = Path(path)
+    try:
+        _save_atomically(obj, Path(path))
+    except (pickle.PicklingError, AttributeError, TypeError) as exc:  # what pickle raises for a lambda or a lock
+        raise CheckpointError(
+            f"cannot save {type(obj).__name__} to '{path}': torch.save cannot pickle it ({exc}); save plain values "
+            f"and state_dict()s, not functions or live objects. '{path}' was left as it was."
+        ) from None
+
+
+def _save_atomically(obj: Any, path: Path) -> None:
+    """:func:`atomic_torch_save`'s work; pickle's own errors pass through (save() names the entry at fault)."""
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -141,6 +159,7 @@ def save(path: str | os.PathLike, process_group: dist.ProcessGroup | None = None
 
     >>> checkpoint.save("ckpt.pt", model=ddp, optimizer=opt, loader=loader, step=step)  # doctest: +SKIP
     """
+    require_group("checkpoint.save", "process_group", process_group)
     payload: dict[str, Any] = {}
     kinds: dict[str, str] = {}
     layouts: dict[str, list] = {}  # each model's state, as names and shapes: one replica's, on every rank
@@ -185,7 +204,7 @@ def _write(payload: dict[str, Any], path: Path) -> None:
     """Rank 0's write; a failure is also posted for the other ranks, which are waiting in the barrier."""
     try:
         try:
-            atomic_torch_save(payload, path)
+            _save_atomically(payload, path)
         except (pickle.PicklingError, TypeError, AttributeError) as exc:
             key = _unpicklable_key(payload)
             if key is None:
@@ -232,7 +251,13 @@ def load(path: str | os.PathLike, map_location: str | torch.device | None = None
     """
     _check_map_location(map_location)
     if not Path(path).exists():
-        raise FileNotFoundError(f"gradsync.checkpoint.load: no checkpoint at '{path}'")
+        raise FileNotFoundError(
+            f"gradsync.checkpoint.load: no checkpoint at '{path}': check the path (and that the save finished)"
+        )
+    if Path(path).is_dir():
+        raise CheckpointError(
+            f"'{path}' is a directory, not a checkpoint: give the path of the file gradsync.checkpoint.save wrote."
+        )
     try:
         # weights_only=False: the payload holds numpy and Python RNG states; load only checkpoints you wrote.
         payload = torch.load(path, map_location=map_location or "cpu", weights_only=False)
@@ -293,6 +318,21 @@ def _placed_for(target: Any, saved: Any) -> Any:
     return saved
 
 
+def _load_into(key: str, target: Any, saved: Any) -> None:
+    """``target.load_state_dict`` of the state saved under ``key``; torch's refusal of a state saved by another
+    model (size mismatch, missing keys) is said as the checkpoint's, naming the key."""
+    try:
+        _unwrap(target).load_state_dict(_placed_for(_unwrap(target), saved))
+    except GradsyncError:
+        raise
+    except (RuntimeError, ValueError, KeyError, TypeError) as exc:
+        raise CheckpointError(
+            f"gradsync.checkpoint.restore: '{key}' was saved from another model or configuration than the "
+            f"{type(_unwrap(target)).__name__} passed as {key}= ({exc}). Restore a checkpoint saved from the same "
+            "model, or build the object as it was when saved."
+        ) from None
+
+
 def restore(checkpoint: Mapping[str, Any], restore_rng: bool = True, **targets: Any) -> dict[str, Any]:
     """Load each saved state into the object passed under the same name; return the plain values (step, ...).
 
@@ -305,15 +345,23 @@ def restore(checkpoint: Mapping[str, Any], restore_rng: bool = True, **targets: 
             f"checkpoint.restore: expected what checkpoint.load(path) returns, got {type(checkpoint).__name__} "
             f"{checkpoint!r:.80}. Load the file first: checkpoint.restore(checkpoint.load(path), model=...)."
         )
+    restore_rng = require_bool("checkpoint.restore", "restore_rng", restore_rng)
     kinds = checkpoint.get(_KINDS_KEY, {})
     for key, target in targets.items():
         if key not in checkpoint:
             raise CheckpointError(
-                f"gradsync.checkpoint.restore: the checkpoint has no '{key}' (it has {sorted(kinds)})"
+                f"gradsync.checkpoint.restore: the checkpoint has no '{key}' (it has "
+                f"{sorted(kinds) or 'nothing: it is empty'}): restore the names it was saved with "
+                f"(checkpoint.save(path, {key}=...))."
             )
-        _unwrap(target).load_state_dict(_placed_for(_unwrap(target), checkpoint[key]))
+        _load_into(key, target, checkpoint[key])
     if restore_rng:
-        rngs = checkpoint[_RNG_KEY]
+        rngs = checkpoint.get(_RNG_KEY)
+        if not rngs:
+            raise CheckpointError(
+                "gradsync.checkpoint.restore: the checkpoint holds no random generator states: it was not written "
+                "by gradsync.checkpoint.save. Pass restore_rng=False to restore only the states."
+            )
         rank = dist.get_rank() if dist.is_initialized() else 0
         if len(rngs) == (dist.get_world_size() if dist.is_initialized() else 1):
             set_rng_state(rngs[rank])

@@ -31,7 +31,7 @@ def read_bool(name: str, default: bool, environ: Mapping[str, str] | None = None
     >>> read_bool("GRADSYNC_DEBUG", False, {"GRADSYNC_DEBUG": "off"})
     False
     """
-    value = (os.environ if environ is None else environ).get(name, "").strip().lower()
+    value = _environment(environ).get(name, "").strip().lower()
     if not value:
         return default
     if value in _TRUE:
@@ -47,7 +47,7 @@ def read_seconds(name: str, default: float, environ: Mapping[str, str] | None = 
     >>> read_seconds("GRADSYNC_TIMEOUT", 600.0, {"GRADSYNC_TIMEOUT": "30"})
     30.0
     """
-    value = (os.environ if environ is None else environ).get(name, "").strip()
+    value = _environment(environ).get(name, "").strip()
     if not value:
         return default
     try:
@@ -60,6 +60,14 @@ def read_seconds(name: str, default: float, environ: Mapping[str, str] | None = 
             f"(e.g. {name}=600)."
         )
     return seconds
+
+
+def _environment(environ: Mapping[str, str] | None) -> Mapping[str, str]:
+    if environ is None:
+        return os.environ
+    if not isinstance(environ, Mapping):
+        raise ConfigError(f"environ must be a mapping of variable names to values, got {type(environ).__name__}")
+    return environ
 
 
 def debug(environ: Mapping[str, str] | None = None) -> bool:

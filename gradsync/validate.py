@@ -40,3 +40,67 @@ def require_ddp(where: str, ddp: object) -> None:
         f"{where} attaches to a gradsync.DistributedDataParallel, got {kind}: wrap the model first "
         "(ddp = gradsync.DistributedDataParallel(model)) and pass ddp."
     )
+
+
+def require_bool(where: str, name: str, value: object) -> bool:
+    """``value`` as a bool if it is one (or 0, 1, a numpy bool), else a :class:`ConfigError` naming ``name``.
+
+    A string is refused rather than taken for its truth: ``shuffle="false"`` from a config file is true in Python.
+    """
+    # 0 and 1, and numpy's bools, are what torch's own flags take too; a str, None, a float or a list are mistakes.
+    integral = isinstance(value, numbers.Integral) and value in (0, 1)
+    if not (isinstance(value, bool) or integral or type(value).__name__ == "bool_"):
+        raise ConfigError(f"{where}: {name} must be True or False, got {type(value).__name__} {value!r}")
+    return bool(value)
+
+
+def require_group(where: str, name: str, value: object) -> None:
+    """A :class:`ConfigError` unless ``value`` is None (the default group) or a ``torch.distributed.ProcessGroup``."""
+    import torch.distributed as dist
+
+    if value is not None and not isinstance(value, dist.ProcessGroup):
+        raise ConfigError(
+            f"{where}: {name} must be a torch.distributed.ProcessGroup (from dist.new_group, or a DeviceMesh's "
+            f"get_group()) or None for the default group, got {type(value).__name__} {value!r:.60}"
+        )
+
+
+def require_callable(where: str, name: str, value: object) -> None:
+    if not callable(value):
+        raise ConfigError(f"{where}: {name} must be callable, got {type(value).__name__} {value!r:.60}")
+
+
+def require_state(where: str, state: object, keys: tuple[str, ...]) -> dict:
+    """A state dict to restore: a mapping holding ``keys``, else a :class:`ConfigError` that says what it got."""
+    from collections.abc import Mapping
+
+    if not isinstance(state, Mapping):
+        raise ConfigError(
+            f"{where}: the state must be a dict from state_dict(), got {type(state).__name__} {state!r:.60}"
+        )
+    missing = [k for k in keys if k not in state]
+    if missing:
+        raise ConfigError(
+            f"{where}: the state has no {', '.join(repr(k) for k in missing)} (it has {sorted(map(str, state))[:8]}): "
+            "it was not saved by this kind of object's state_dict(); load the state saved by the same kind of object."
+        )
+    return dict(state)
+
+
+def require_tensors_like(where: str, name: str, saved: object, current: list) -> list:
+    """``saved`` if it is a list of tensors shaped as ``current`` (a restored copy of them), else a
+    :class:`ConfigError` that names ``name`` and the first mismatch: a state saved over another model."""
+    import torch
+
+    if not isinstance(saved, (list, tuple)) or not all(isinstance(t, torch.Tensor) for t in saved):
+        raise ConfigError(f"{where}: the state's {name} must be a list of tensors, got {type(saved).__name__}")
+    shapes, mine = [tuple(t.shape) for t in saved], [tuple(t.shape) for t in current]
+    if shapes != mine:
+        first = next((i for i, (a, b) in enumerate(zip(shapes, mine)) if a != b), min(len(shapes), len(mine)))
+        raise ConfigError(
+            f"{where}: the state's {name} holds {len(shapes)} tensors (#{first}: "
+            f"{shapes[first] if first < len(shapes) else 'none'}), this model has {len(mine)} (#{first}: "
+            f"{mine[first] if first < len(mine) else 'none'}): it was saved over another model. Load the state "
+            "saved over this model."
+        )
+    return list(saved)

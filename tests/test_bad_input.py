@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -555,3 +556,45 @@ def test_an_extra_buffer_on_one_rank_is_named_as_the_models_buffers() -> None:
     for f in spawn_failures(_one_more_buffer_on_rank1, timeout=50, pg_timeout=10).values():
         assert "needs the same model on every rank" in f.message and "at buffer #0" in f.message, f.message
         assert "'b1' shape=[3]" in f.message and "rank 0 has nothing there" in f.message
+
+
+# ------------------------------------------------------------ issue 58: restored states of the comm strategies
+def _trained_diloco(width: int, streaming: bool) -> Any:
+    from gradsync.comm import DiLoCo, StreamingDiLoCo
+
+    torch.manual_seed(0)
+    ddp = gradsync.DistributedDataParallel(nn.Sequential(nn.Linear(4, width), nn.Linear(width, 2)))
+    strategy = StreamingDiLoCo(ddp, period=2, fragments=2) if streaming else DiLoCo(ddp, period=2)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    for _ in range(2):
+        opt.zero_grad()
+        ddp(torch.ones(3, 4)).sum().backward()
+        opt.step()
+        strategy.step()
+    return strategy
+
+
+@pytest.mark.parametrize("streaming", [False, True], ids=["DiLoCo", "StreamingDiLoCo"])
+def test_diloco_refuses_another_models_state_and_keeps_its_own(group_of_one: None, streaming: bool) -> None:
+    """Another model's anchors were copied tensor by tensor until a shape mismatch (a bare size error), with the
+    step count already overwritten; an empty state was a bare KeyError."""
+    name = "StreamingDiLoCo" if streaming else "DiLoCo"
+    mine, other = _trained_diloco(8, streaming), _trained_diloco(16, streaming)
+    before = mine.state_dict()
+    with pytest.raises(ConfigError, match=rf"{name}.load_state_dict: the state's anchors? holds .* another model"):
+        mine.load_state_dict(other.state_dict())
+    with pytest.raises(ConfigError, match=rf"{name}.load_state_dict: the state has no 'step_count'"):
+        mine.load_state_dict({})
+    after = mine.state_dict()
+    assert after["step_count"] == before["step_count"]
+    mine.load_state_dict(before)  # its own state loads
+
+
+def test_post_local_sgd_refuses_a_state_that_is_no_step_count(group_of_one: None) -> None:
+    from gradsync.comm import PostLocalSGD
+
+    local = PostLocalSGD(gradsync.DistributedDataParallel(nn.Linear(2, 2)), period=2)
+    with pytest.raises(ConfigError, match="PostLocalSGD.load_state_dict: the state has no 'step_count'"):
+        local.load_state_dict({})
+    with pytest.raises(ConfigError, match=r"step_count must be an int >= 0, got int -1"):
+        local.load_state_dict({"step_count": -1})

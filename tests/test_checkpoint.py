@@ -97,3 +97,41 @@ def test_restore_names_missing_entries(tmp_path: Path) -> None:
         checkpoint.restore(checkpoint.load(tmp_path / "x.pt"), optimizer=torch.optim.SGD([nn.Parameter(torch.ones(1))]))
     with pytest.raises(FileNotFoundError, match="no checkpoint at"):
         checkpoint.load(tmp_path / "missing.pt")
+
+
+# ---------------------------------------------------------------- issue 58: what the generated sweep found
+def _net(width: int = 8) -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(4, width), nn.ReLU(), nn.Linear(width, 2))
+
+
+def test_restoring_another_models_checkpoint_names_the_entry(tmp_path: Path) -> None:
+    checkpoint.save(tmp_path / "wide.pt", model=_net(16))
+    saved = checkpoint.load(tmp_path / "wide.pt")
+    with pytest.raises(
+        gradsync.errors.CheckpointError, match=r"(?s)restore: 'model' was saved from another model .*size mismatch"
+    ):
+        checkpoint.restore(saved, model=_net(8))
+
+
+def test_a_directory_is_not_a_checkpoint(tmp_path: Path) -> None:
+    with pytest.raises(gradsync.errors.CheckpointError, match="is a directory, not a checkpoint"):
+        checkpoint.load(tmp_path)
+
+
+def test_an_unpicklable_state_is_refused_and_the_previous_file_is_kept(tmp_path: Path) -> None:
+    path = tmp_path / "state.pt"
+    checkpoint.atomic_torch_save({"step": 3}, path)
+    with pytest.raises(gradsync.errors.CheckpointError, match="cannot pickle it .* was left as it was"):
+        checkpoint.atomic_torch_save({"step": 4, "fn": lambda: None}, path)
+    assert torch.load(path) == {"step": 3}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["state.pt"]
+
+
+def test_set_rng_state_names_what_it_needs() -> None:
+    with pytest.raises(
+        gradsync.errors.ConfigError, match=r"set_rng_state: the state has no 'torch', 'numpy', 'python'"
+    ):
+        checkpoint.set_rng_state({})
+    with pytest.raises(gradsync.errors.ConfigError, match="the state must be a dict from state_dict"):
+        checkpoint.set_rng_state(3)  # type: ignore[arg-type]

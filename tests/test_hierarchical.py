@@ -59,3 +59,17 @@ def test_one_host_or_one_rank_a_host_is_a_flat_all_reduce_saying_why() -> None:
 def test_hosts_are_listed_in_order_of_their_lowest_rank() -> None:
     assert hosts_of(["b", "a", "b", "a"]) == [[0, 2], [1, 3]]
     assert hosts_of(["x", "x", "y"]) == [[0, 1], [2]]
+
+
+def test_a_piece_of_no_bytes_and_an_empty_host_are_refused_by_name(group_of_one: None) -> None:
+    """piece_bytes=0 was accepted, and the first backward over two hosts never finished (pieces of no bytes)."""
+    import pytest
+
+    from gradsync.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"HierarchicalState: piece_bytes .* must be an int >= 1, got int 0"):
+        HierarchicalState(piece_bytes=0)
+    with pytest.raises(ConfigError, match="HierarchicalState: host must name this rank's host"):
+        HierarchicalState(host="")
+    with pytest.raises(ConfigError, match="HierarchicalState: process_group must be a torch.distributed.ProcessGroup"):
+        HierarchicalState("gloo")  # type: ignore[arg-type]

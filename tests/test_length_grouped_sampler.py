@@ -241,3 +241,47 @@ def test_the_padding_lab_runs_on_a_few_modules(tmp_path: Path) -> None:
     (run,) = result["runs"]
     assert 0 <= run["grouped_padding"] < run["random_padding"] < 1 and run["tokens_per_batch_ratio"] > 1
     assert {"command", "commit"} <= set(result["provenance"])  # written through lab.results, the one writer
+
+
+# ------------------------------------------------- dict samples (Hugging Face datasets rows; issue 58's sweep)
+TOKENS = [list(range(n)) for n in (3, 9, 1, 7, 5, 2, 8, 4, 6, 10)]
+
+
+def test_dict_rows_are_grouped_by_their_input_ids_as_transformers_does() -> None:
+    """Rows {"input_ids", "attention_mask"} were grouped by len(row), 2 for every sample: no grouping at all."""
+    rows = [{"input_ids": t, "attention_mask": [1] * len(t)} for t in TOKENS]
+    by_rows = LengthGroupedSampler(rows, batch_size=2, num_replicas=2, rank=1, seed=3)
+    by_lengths = LengthGroupedSampler(
+        rows, batch_size=2, num_replicas=2, rank=1, seed=3, lengths=[len(t) for t in TOKENS]
+    )
+    assert by_rows.lengths.tolist() == [len(t) for t in TOKENS]
+    assert list(by_rows) == list(by_lengths)
+
+
+def test_model_input_name_names_the_field_to_measure() -> None:
+    rows = [{"text": "x" * 50, "labels": t, "prompt": t[:1]} for t in TOKENS]
+    sampler = LengthGroupedSampler(rows, batch_size=2, num_replicas=1, rank=0, model_input_name="labels")
+    assert sampler.lengths.tolist() == [len(t) for t in TOKENS]
+
+
+def test_rows_whose_sequences_share_one_length_use_it() -> None:
+    rows = [{"ids": t, "mask": [1] * len(t), "source": "web"} for t in TOKENS]
+    assert LengthGroupedSampler(rows, 2, num_replicas=1, rank=0).lengths.tolist() == [len(t) for t in TOKENS]
+
+
+def test_ambiguous_dict_rows_and_a_missing_field_are_refused_by_name() -> None:
+    rows = [{"question": t, "answer": t[: max(1, len(t) // 2)]} for t in TOKENS]
+    with pytest.raises(ConfigError, match=r"dataset\[0\] is a dict without 'input_ids'.*model_input_name='FIELD'"):
+        LengthGroupedSampler(rows, batch_size=2, num_replicas=1, rank=0)
+    with pytest.raises(ConfigError, match=r"model_input_name='tokens', but dataset\[0\] has no such field"):
+        LengthGroupedSampler(rows, batch_size=2, num_replicas=1, rank=0, model_input_name="tokens")
+    with pytest.raises(ConfigError, match="model_input_name='tokens' names a field of dict samples"):
+        LengthGroupedSampler(TOKENS, batch_size=2, num_replicas=1, rank=0, model_input_name="tokens")
+
+
+def test_a_string_for_a_switch_is_refused() -> None:
+    """shuffle="false" from a config file is true in Python: it shuffled."""
+    with pytest.raises(ConfigError, match="LengthGroupedSampler: shuffle must be True or False, got str 'false'"):
+        LengthGroupedSampler(TOKENS, batch_size=2, num_replicas=1, rank=0, shuffle="false")  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="DistributedSampler: drop_last must be True or False, got str 'no'"):
+        DistributedSampler(TOKENS, num_replicas=1, rank=0, drop_last="no")  # type: ignore[arg-type]

@@ -99,3 +99,68 @@ def test_refuses_a_grad_scaler_and_gradients_changed_after_backward_by_name() ->
     assert scaler.startswith("step 0:") and "GradScaler" in scaler, scaler
     assert clip.startswith("step 0:") and "gradient clipping" in clip, clip
     assert plain == "no error"
+
+
+# ---------------------------------------------------------------- restoring a state (issue 58: the generated sweep)
+def _model(width: int = 8) -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(4, width), nn.ReLU(), nn.Linear(width, 2))
+
+
+def _steps(module: nn.Module, opt: torch.optim.Optimizer, steps: range) -> None:
+    for step in steps:
+        opt.zero_grad()
+        x = torch.randn(4, 4, generator=torch.Generator().manual_seed(step))
+        module(x).pow(2).mean().backward()
+        opt.step()
+
+
+def test_a_saved_state_restores_and_training_goes_on_as_torchs_adam(group_of_one: None) -> None:
+    """Saved after 2 steps and restored into a fresh model and optimizer, 2 more steps equal 4 steps of a plain
+    torch Adam. Its state_dict used to keep only the hyperparameters given (lr): the restored Adam raised
+    KeyError 'betas' at the first backward."""
+    ref = _model()
+    ref_opt = torch.optim.Adam(ref.parameters(), lr=1e-2)
+    _steps(ref, ref_opt, range(4))
+    first = gradsync.DistributedDataParallel(_model())
+    opt = OverlappedOptimizer(first, torch.optim.Adam, lr=1e-2)
+    _steps(first, opt, range(2))
+    saved_model, saved_opt = first.module.state_dict(), opt.state_dict()
+    assert {"betas", "eps", "weight_decay"} <= set(saved_opt["param_groups"][0])  # a plain Adam's state dict
+    resumed = _model()
+    resumed.load_state_dict(saved_model)
+    again = gradsync.DistributedDataParallel(resumed)
+    opt2 = OverlappedOptimizer(again, torch.optim.Adam, lr=1e-2)
+    opt2.load_state_dict(saved_opt)
+    _steps(again, opt2, range(2, 4))
+    for (name, p), q in zip(resumed.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-6, atol=1e-7, msg=name)
+
+
+def test_a_state_saved_before_it_kept_every_hyperparameter_still_loads(group_of_one: None) -> None:
+    ddp = gradsync.DistributedDataParallel(_model())
+    opt = OverlappedOptimizer(ddp, torch.optim.Adam, lr=1e-2)
+    _steps(ddp, opt, range(1))
+    old = opt.state_dict()
+    old["param_groups"] = [{"lr": 1e-2, "params": old["param_groups"][0]["params"]}]  # gradsync 0.1.0's layout
+    opt.load_state_dict(old)
+    _steps(ddp, opt, range(1, 2))
+
+
+@pytest.mark.parametrize("which", ["another model", "another optimizer class"])
+def test_a_state_that_does_not_fit_is_refused_and_nothing_changes(group_of_one: None, which: str) -> None:
+    ddp = gradsync.DistributedDataParallel(_model())
+    opt = OverlappedOptimizer(ddp, torch.optim.Adam, lr=1e-2)
+    _steps(ddp, opt, range(1))
+    other = _model(16) if which == "another model" else _model()
+    other_opt = torch.optim.Adam(other.parameters(), lr=0.5)
+    if which == "another optimizer class":
+        other_opt = torch.optim.SGD(other.parameters(), lr=0.5, momentum=0.9)
+    _steps(other, other_opt, range(1))
+    before = opt.state_dict()
+    with pytest.raises(gradsync.errors.ConfigError, match=f"OverlappedOptimizer.load_state_dict: .*saved by {which}"):
+        opt.load_state_dict(other_opt.state_dict())
+    after = opt.state_dict()
+    assert after["param_groups"] == before["param_groups"]
+    assert all(torch.equal(after["state"][0][k], v) for k, v in before["state"][0].items() if torch.is_tensor(v))
+    _steps(ddp, opt, range(1, 2))  # and it trains on

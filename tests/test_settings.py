@@ -61,3 +61,15 @@ def test_no_function_in_gradsync_is_longer_than_a_screen() -> None:
                 if lines > MAX_BODY_LINES:
                     too_long.append(f"{path.name}:{node.lineno} {node.name} ({lines} lines)")
     assert not too_long, too_long
+
+
+def test_a_timeout_too_long_to_represent_is_refused_by_name() -> None:
+    """GRADSYNC_TIMEOUT=99999999999999 was accepted here and ended in OverflowError (days=1157407407) in init."""
+    with pytest.raises(ConfigError, match=r"GRADSYNC_TIMEOUT='99999999999999': .* at most 1e\+09"):
+        settings.timeout_seconds(600.0, {"GRADSYNC_TIMEOUT": "99999999999999"})
+    assert settings.timeout_seconds(600.0, {"GRADSYNC_TIMEOUT": "86400"}) == 86400.0
+
+
+def test_an_environ_that_is_not_a_mapping_is_refused() -> None:
+    with pytest.raises(ConfigError, match="environ must be a mapping of variable names to values, got list"):
+        settings.debug(["GRADSYNC_DEBUG=1"])  # type: ignore[arg-type]

@@ -10,6 +10,7 @@ from torch import nn
 
 import gradsync
 from gradsync.collectives import Communicator, Op, all_gather_shards
+from gradsync.errors import ConfigError
 from gradsync.optim import ShardedOptimizer, partition
 from gradsync.testing import spawn
 from lab.zoo.toys import build
@@ -133,3 +134,61 @@ def test_all_gather_shards_gives_everyone_every_owners_values() -> None:
     for tensors in results:
         for got, want in zip(tensors, expected):
             assert got.dtype == want.dtype and torch.equal(got, want)
+
+
+# ---------------------------------------------------------------- issue 58: what the generated sweep found
+def _model(width: int = 8) -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(4, width), torch.nn.ReLU(), torch.nn.Linear(width, 2))
+
+
+def _steps(module: torch.nn.Module, opt: torch.optim.Optimizer, steps: range) -> None:
+    for step in steps:
+        opt.zero_grad()
+        module(torch.randn(4, 4, generator=torch.Generator().manual_seed(step))).pow(2).mean().backward()
+        opt.step()
+
+
+def test_dtensor_parameters_are_refused_at_construction(group_of_one: None) -> None:
+    """Accepted before, then step() failed inside torch with "got mixed torch.Tensor and DTensor"."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, distribute_tensor
+
+    mesh = init_device_mesh("cpu", (1,))
+    weight = torch.nn.Parameter(distribute_tensor(torch.randn(4, 4), mesh, [Replicate()]))
+    with pytest.raises(ConfigError, match=r"ShardedOptimizer: params holds 1 DTensor parameter.*plain torch optimizer"):
+        ShardedOptimizer([weight], torch.optim.Adam, lr=0.1)
+
+
+def test_empty_params_are_refused_by_name(group_of_one: None) -> None:
+    with pytest.raises(ConfigError, match="ShardedOptimizer: params is empty"):
+        ShardedOptimizer([], torch.optim.Adam, lr=0.1)
+
+
+def test_its_own_state_restores_and_training_goes_on_as_torchs_adam(group_of_one: None) -> None:
+    """Its state_dict kept only the hyperparameters given (lr): restored, Adam raised KeyError 'betas' at step()."""
+    ref = _model()
+    ref_opt = torch.optim.Adam(ref.parameters(), lr=1e-2)
+    _steps(ref, ref_opt, range(4))
+    model = _model()
+    opt = ShardedOptimizer(model.parameters(), torch.optim.Adam, lr=1e-2)
+    _steps(model, opt, range(2))
+    opt.consolidate_state_dict(to=0)
+    saved_model, saved_opt = model.state_dict(), opt.state_dict()
+    resumed = _model()
+    resumed.load_state_dict(saved_model)
+    opt2 = ShardedOptimizer(resumed.parameters(), torch.optim.Adam, lr=1e-2)
+    opt2.load_state_dict(saved_opt)
+    _steps(resumed, opt2, range(2, 4))
+    for p, q in zip(resumed.parameters(), ref.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-6, atol=1e-7)
+
+
+def test_another_models_state_is_refused(group_of_one: None) -> None:
+    other = _model(16)
+    other_opt = torch.optim.Adam(other.parameters(), lr=1e-2)
+    _steps(other, other_opt, range(1))
+    model = _model()
+    opt = ShardedOptimizer(model.parameters(), torch.optim.Adam, lr=1e-2)
+    with pytest.raises(ConfigError, match=r"state of parameter 0 has exp_avg of shape \(16, 4\).*another model"):
+        opt.load_state_dict(other_opt.state_dict())

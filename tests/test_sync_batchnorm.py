@@ -162,3 +162,21 @@ def test_half_precision_keeps_statistics_in_float32(dtype: torch.dtype) -> None:
         torch.testing.assert_close(got["running"][1], ref["running"][1], rtol=tol, atol=tol)
         torch.testing.assert_close(got["dx"].float(), ref["dx"], rtol=0, atol=tol * 1e-3)
         torch.testing.assert_close(got["dw"], ref["dw"], rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"num_features": 0}, r"num_features .* must be an int >= 1, got int 0"),
+        ({"num_features": 4, "eps": -1.0}, r"eps must be a number >= 0, got float -1.0"),
+        ({"num_features": 4, "eps": 0.0}, r"eps must be > 0"),
+        ({"num_features": 4, "momentum": float("nan")}, r"momentum must be a number >= 0, got float nan"),
+        ({"num_features": 4, "momentum": 2.0}, r"momentum must be in \[0, 1\]"),
+        ({"num_features": 4, "affine": "false"}, r"affine must be True or False, got str 'false'"),
+    ],
+)
+def test_arguments_torchs_batchnorm_takes_unchecked_are_refused_by_name(kwargs: dict, message: str) -> None:
+    """torch's BatchNorm accepts these and fails at the first forward, or never (a NaN momentum poisons the running
+    statistics): refused at construction."""
+    with pytest.raises(gradsync.errors.ConfigError, match=f"SyncBatchNorm: {message}"):
+        gradsync.SyncBatchNorm(**kwargs)

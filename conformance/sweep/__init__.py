@@ -19,4 +19,9 @@ case that hangs or kills its interpreter cannot take the sweep with it. The clas
 
 Multi-rank cases use :func:`gradsync.testing.spawn` (2 gloo ranks); launcher cases run ``python -m gradsync ...``.
 The cases live in ``conformance/sweep/cases/``, one module per category.
+
+Beside these hand-written cases, ``python -m conformance.sweep.generated`` runs the sweep generated from the
+surface (conformance/sweep/generated/): every public parameter, flag, ``--rdzv-conf`` key, ``GRADSYNC_*`` variable
+and restored state, with wrong values derived from each one's valid domain; its results are
+``conformance/results/sweep-generated.json`` (and ``sweep-generated-before.json``: the branch point of issue 58).
 """

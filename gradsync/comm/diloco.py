@@ -22,7 +22,15 @@ import torch
 
 from gradsync.comm.local_sgd import LocalPhases
 from gradsync.comm.outer_exchange import apply_outer_step, check_wire, pseudo_gradient, reset_anchors, start_average
-from gradsync.validate import require_ddp, require_int, require_number
+from gradsync.optim.saved_state import check_saved_state, prober
+from gradsync.validate import (
+    require_bool,
+    require_ddp,
+    require_int,
+    require_number,
+    require_state,
+    require_tensors_like,
+)
 
 
 class DiLoCo(LocalPhases):
@@ -61,6 +69,7 @@ class DiLoCo(LocalPhases):
         self.bytes_sent = 0
         self._params = [p for p in ddp.module.parameters() if p.requires_grad]
         self._anchor = [torch.nn.Parameter(p.detach().clone()) for p in self._params]
+        nesterov = require_bool("DiLoCo", "nesterov", nesterov)
         kind = dict(momentum=momentum, nesterov=nesterov and momentum > 0)
         self.outer = torch.optim.SGD(self._anchor, lr=outer_lr, **kind)  # type: ignore[arg-type]
         ddp.register_comm_hook(None, self._hook)
@@ -76,10 +85,18 @@ class DiLoCo(LocalPhases):
 
     @torch.no_grad()
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.step_count = state["step_count"]
-        for anchor, saved in zip(self._anchor, state["anchor"]):
-            anchor.copy_(saved)
-        self.outer.load_state_dict(state["outer"])
+        """Restore :meth:`state_dict`'s state, checked first (one saved over another model is refused, and nothing
+        is changed)."""
+        where = "DiLoCo.load_state_dict"
+        state = require_state(where, state, ("step_count", "anchor", "outer"))
+        step_count = require_int(where, "step_count", state["step_count"], 0)
+        anchor = require_tensors_like(where, "anchor", state["anchor"], self._anchor)
+        probe = prober(type(self.outer), self.outer.defaults)
+        outer = check_saved_state(where, state["outer"], [self._anchor], probe, self.outer.param_groups)
+        self.step_count = step_count
+        for mine, saved in zip(self._anchor, anchor):
+            mine.copy_(saved)
+        self.outer.load_state_dict(outer)
 
     def for_new_group(self) -> None:
         """A membership change keeps nothing per rank here: the anchor and the outer state are shared (rank 0's

@@ -29,7 +29,9 @@ import torch
 import torch.distributed as dist
 
 from gradsync.comm.stages import StagePipeline
+from gradsync.errors import ConfigError
 from gradsync.reducer.grad_bucket import GradBucket
+from gradsync.validate import require_group, require_int
 
 
 def host_key() -> str:
@@ -64,8 +66,15 @@ class HierarchicalState:
     def __init__(
         self, process_group: dist.ProcessGroup | None = None, host: str | None = None, piece_bytes: int = 4 * 2**20
     ) -> None:
+        require_group("HierarchicalState", "process_group", process_group)
+        if host is not None and (not isinstance(host, str) or not host):
+            raise ConfigError(
+                f"HierarchicalState: host must name this rank's host (the same non-empty str on the ranks of one "
+                f"host), or be None to find it, got {type(host).__name__} {host!r}"
+            )
         self.process_group = process_group
-        self.piece_bytes = piece_bytes
+        # 0 would cut each bucket into pieces of no bytes: the pipeline would never finish the first backward.
+        self.piece_bytes = require_int("HierarchicalState", "piece_bytes (bytes per pipeline step)", piece_bytes, 1)
         self.world_size = dist.get_world_size(process_group)
         keys: list[str] = [""] * self.world_size
         dist.all_gather_object(keys, host or host_key(), group=process_group)

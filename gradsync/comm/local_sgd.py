@@ -16,8 +16,9 @@ import torch.distributed as dist
 from gradsync.collectives.communicator import Communicator, Op
 from gradsync.collectives.tensors import average_tensors
 from gradsync.comm.default_hooks import allreduce_hook
+from gradsync.errors import ConfigError
 from gradsync.reducer.grad_bucket import GradBucket
-from gradsync.validate import require_ddp, require_int
+from gradsync.validate import require_ddp, require_group, require_int, require_state
 
 
 class LocalPhases:
@@ -66,7 +67,9 @@ class PostLocalSGD(LocalPhases):
         return {"step_count": self.step_count}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.step_count = state["step_count"]
+        """Restore :meth:`state_dict`'s step count."""
+        state = require_state("PostLocalSGD.load_state_dict", state, ("step_count",))
+        self.step_count = require_int("PostLocalSGD.load_state_dict", "step_count", state["step_count"], 0)
 
     def for_new_group(self) -> None:
         """A membership change keeps nothing per rank here (the step count arrives with :meth:`load_state_dict`)."""
@@ -99,4 +102,7 @@ def average_parameters(module: torch.nn.Module, process_group: dist.ProcessGroup
 
         average_parameters(ddp.module)   # every rank now holds the mean of the replicas
     """
+    if not isinstance(module, torch.nn.Module):
+        raise ConfigError(f"average_parameters: module must be an nn.Module, got {type(module).__name__}")
+    require_group("average_parameters", "process_group", process_group)
     average_tensors(Communicator(process_group), Op.PARAMETER_AVERAGE, [p.detach() for p in module.parameters()])

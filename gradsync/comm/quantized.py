@@ -26,7 +26,9 @@ import torch
 import torch.distributed as dist
 
 from gradsync.collectives.communicator import Communicator, Op
+from gradsync.errors import ConfigError
 from gradsync.reducer.grad_bucket import GradBucket, result_future
+from gradsync.validate import require_bool, require_group, require_int
 
 
 @dataclasses.dataclass
@@ -51,11 +53,14 @@ class QuantizedState:
     _pending: list[_Pending] = dataclasses.field(default_factory=list)
 
     def __post_init__(self) -> None:
+        require_group("QuantizedState", "process_group", self.process_group)
+        if isinstance(self.bits, bool) or not isinstance(self.bits, int) or self.bits not in (4, 8):
+            raise ConfigError(
+                f"QuantizedState: bits must be 8 or 4 (an int), got {self.bits!r} ({type(self.bits).__name__})"
+            )
+        require_int("QuantizedState", "block (values per scale)", self.block, 1)
+        require_bool("QuantizedState", "error_feedback", self.error_feedback)
         self.comm = Communicator(self.process_group)
-        if self.bits not in (4, 8):
-            raise ValueError(f"QuantizedState: bits must be 8 or 4 (an int), got {self.bits!r}")
-        if self.block < 1:
-            raise ValueError(f"QuantizedState: block must be an int >= 1 (values per scale), got {self.block!r}")
 
     @property
     def levels(self) -> int:

@@ -35,7 +35,15 @@ from gradsync.comm.outer_exchange import (
     start_average,
 )
 from gradsync.errors import ConfigError
-from gradsync.validate import require_ddp, require_int, require_number
+from gradsync.optim.saved_state import check_saved_state, prober
+from gradsync.validate import (
+    require_bool,
+    require_ddp,
+    require_int,
+    require_number,
+    require_state,
+    require_tensors_like,
+)
 
 
 @dataclass
@@ -95,6 +103,7 @@ class StreamingDiLoCo(LocalPhases):
         self.bytes_sent = 0
         self.outer_steps = [0] * len(self.fragments)  # per fragment: how many exchanges landed
         self._anchors = [[torch.nn.Parameter(p.detach().clone()) for p in group] for group in self.fragments]
+        nesterov = require_bool("StreamingDiLoCo", "nesterov", nesterov)
         kind = dict(lr=outer_lr, momentum=momentum, nesterov=nesterov and momentum > 0)
         self._outer = [torch.optim.SGD(anchors, **kind) for anchors in self._anchors]  # type: ignore[arg-type]
         self._in_flight: list[_InFlight] = []
@@ -157,16 +166,42 @@ class StreamingDiLoCo(LocalPhases):
 
     @torch.no_grad()
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.step_count = state["step_count"]
-        for anchors, saved in zip(self._anchors, state["anchors"]):
-            for anchor, value in zip(anchors, saved):
-                anchor.copy_(value)
-        for outer, saved in zip(self._outer, state["outer"]):
-            outer.load_state_dict(saved)
+        """Restore :meth:`state_dict`'s state, checked first (one saved over another model, or with other
+        fragments, is refused, and nothing is changed)."""
+        where = "StreamingDiLoCo.load_state_dict"
+        state = require_state(where, state, ("step_count", "anchors", "outer"))
+        step_count = require_int(where, "step_count", state["step_count"], 0)
+        anchors = require_tensors_like(where, "anchors", [a for f in state["anchors"] for a in f], _flat(self._anchors))
+        if [len(f) for f in state["anchors"]] != [len(f) for f in self._anchors] or len(state["outer"]) != len(
+            self._outer
+        ):
+            raise ConfigError(
+                f"{where}: the state holds {len(state['anchors'])} fragments of {[len(f) for f in state['anchors']]} "
+                f"tensors, this one {[len(f) for f in self._anchors]}: build it with the fragments it was saved with."
+            )
+        outer = [
+            check_saved_state(
+                where,
+                saved,
+                [g["params"] for g in mine.param_groups],
+                prober(type(mine), mine.defaults),
+                mine.param_groups,
+            )
+            for mine, saved in zip(self._outer, state["outer"])
+        ]
+        self.step_count = step_count
+        for anchor, value in zip(_flat(self._anchors), anchors):
+            anchor.copy_(value)
+        for mine, saved in zip(self._outer, outer):
+            mine.load_state_dict(saved)
 
     def for_new_group(self) -> None:
         """A membership change drops the exchanges in flight: they belong to the old group."""
         self._in_flight.clear()
+
+
+def _flat(groups: list[list[torch.nn.Parameter]]) -> list[torch.nn.Parameter]:
+    return [t for group in groups for t in group]
 
 
 def _split(params: list[torch.nn.Parameter], fragments: int, period: int) -> list[list[torch.nn.Parameter]]:

@@ -24,15 +24,23 @@ from torch.utils.data import Sampler
 
 from gradsync.data.sampler import check_state, checked_epoch, replicas_and_rank, require_plain_int
 from gradsync.errors import ConfigError
-from gradsync.validate import require_int
+from gradsync.validate import require_bool, require_int
 
 _OWNER = "LengthGroupedSampler"
+DEFAULT_INPUT_NAME = "input_ids"  # transformers' LengthGroupedSampler's model_input_name
 
 
-def _item_length(dataset: Any, index: int) -> int:
-    """A sample's length when no ``lengths`` are given: ``len`` of the item, or of its first field for a tuple
-    (what a ``TensorDataset`` yields: the input first)."""
+def _item_length(dataset: Any, index: int, field: str | None) -> int:
+    """A sample's length when no ``lengths`` are given: ``len`` of the item, of its first field for a tuple (what a
+    ``TensorDataset`` yields: the input first), or of the sequence a dict holds (a Hugging Face datasets row)."""
     item = dataset[index]
+    if isinstance(item, Mapping):
+        item = _field_of(item, index, field)
+    elif field is not None:
+        raise ConfigError(
+            f"{_OWNER}: model_input_name={field!r} names a field of dict samples, but dataset[{index}] is a "
+            f"{type(item).__name__}; drop model_input_name, or pass lengths=[...]."
+        )
     if isinstance(item, tuple) and item:
         item = item[0]
     try:
@@ -44,10 +52,37 @@ def _item_length(dataset: Any, index: int) -> int:
         ) from None
 
 
-def read_lengths(dataset: Sized, lengths: Sequence[int] | torch.Tensor | None) -> torch.Tensor:
-    """One length per sample as an int64 tensor, checked: as many as the dataset has samples, whole, >= 0."""
+def _field_of(row: Mapping[str, Any], index: int, field: str | None) -> Any:
+    """The sequence of a dict sample whose length is the sample's: ``field`` (transformers' ``model_input_name``),
+    else ``input_ids`` (its default), else the one length every sequence of the row shares. ``len(row)`` would be
+    the number of fields, the same for every sample."""
+    if field is not None or DEFAULT_INPUT_NAME in row:
+        name = DEFAULT_INPUT_NAME if field is None else field
+        if name not in row:
+            raise ConfigError(
+                f"{_OWNER}: model_input_name={name!r}, but dataset[{index}] has no such field (it has "
+                f"{sorted(map(str, row))}); name the field holding the tokens, or pass lengths=[...]."
+            )
+        return row[name]
+    sequences = {k: len(v) for k, v in row.items() if hasattr(v, "__len__") and not isinstance(v, (str, bytes))}
+    if len(set(sequences.values())) == 1:
+        return next(v for k, v in row.items() if k in sequences)
+    raise ConfigError(
+        f"{_OWNER}: dataset[{index}] is a dict without 'input_ids', whose sequences do not say the sample's length "
+        f"(lengths {sequences or 'none'}); pass model_input_name='FIELD' (the field holding the tokens), or "
+        "lengths=[...] (one token count per sample)."
+    )
+
+
+def read_lengths(
+    dataset: Sized, lengths: Sequence[int] | torch.Tensor | None, field: str | None = None
+) -> torch.Tensor:
+    """One length per sample as an int64 tensor, checked: as many as the dataset has samples, whole, >= 0.
+    ``field``: for dict samples, the one holding the tokens (transformers' ``model_input_name``)."""
+    if field is not None and not (isinstance(field, str) and field):
+        raise ConfigError(f"{_OWNER}: model_input_name must be a field's name (a str), got {field!r}")
     if lengths is None:  # reads every item once, at construction: pass lengths for a dataset that loads lazily
-        lengths = [_item_length(dataset, i) for i in range(len(dataset))]
+        lengths = [_item_length(dataset, i, field) for i in range(len(dataset))]
     try:
         # An empty list would become a float tensor: no samples have int64 lengths.
         found = torch.as_tensor(lengths) if len(lengths) else torch.zeros(0, dtype=torch.int64)
@@ -151,8 +186,10 @@ class LengthGroupedSampler(Sampler[list[int]]):
     batch holds ``batch_size`` samples except, without ``drop_last``, one smaller batch, the same size on every
     rank. A larger ``megabatch_mult`` sorts across more samples: less padding, batches less random.
 
-    ``lengths`` defaults to ``len(dataset[i])`` (of its first field for a tuple), read once here. ``num_replicas``
-    and ``rank`` default to ``process_group``'s (default: the world group), as DistributedSampler's do.
+    ``lengths`` defaults to ``len(dataset[i])`` (of its first field for a tuple), read once here. For dict samples
+    (Hugging Face datasets rows) it is the length of their ``model_input_name`` field, ``"input_ids"`` by default
+    as in transformers' sampler, or of their sequences where they all have one length; other dicts are refused.
+    ``num_replicas`` and ``rank`` default to ``process_group``'s (default: the world group), as DistributedSampler's do.
     """
 
     def __init__(
@@ -167,6 +204,7 @@ class LengthGroupedSampler(Sampler[list[int]]):
         drop_last: bool = False,
         megabatch_mult: int = 50,
         process_group: dist.ProcessGroup | None = None,
+        model_input_name: str | None = None,
     ) -> None:
         if isinstance(dataset, (str, bytes)) or not hasattr(dataset, "__len__"):
             raise ConfigError(
@@ -179,9 +217,9 @@ class LengthGroupedSampler(Sampler[list[int]]):
         self.seed = seed
         self.num_replicas, self.rank = replicas_and_rank(_OWNER, num_replicas, rank, process_group)
         self.dataset = dataset
-        self.shuffle = bool(shuffle)
-        self.drop_last = bool(drop_last)
-        self.lengths = read_lengths(dataset, lengths)
+        self.shuffle = require_bool(_OWNER, "shuffle", shuffle)
+        self.drop_last = require_bool(_OWNER, "drop_last", drop_last)
+        self.lengths = read_lengths(dataset, lengths, model_input_name)
         self.epoch = 0
         self._plan: tuple[int, list[list[int]]] | None = None  # (epoch, this rank's batches), made once per epoch
         self._resume_at = 0  # batches of self.epoch already handed out before a restart

@@ -18,6 +18,7 @@ import torch.distributed as dist
 from torch.utils.data import Sampler
 
 from gradsync.errors import ConfigError
+from gradsync.validate import require_bool, require_group
 
 
 def epoch_order(n: int, shuffle: bool, seed: int, epoch: int) -> list[int]:
@@ -42,6 +43,7 @@ def replicas_and_rank(
 ) -> tuple[int, int]:
     """A sampler's world and rank, as torch's DistributedSampler finds them: given, else the group's (the default
     group's when ``group`` is None), else one process. ``owner`` names the sampler in the errors."""
+    require_group(owner, "process_group", group)
     grouped = dist.is_available() and dist.is_initialized()
     if num_replicas is None:
         num_replicas = dist.get_world_size(group) if grouped else 1
@@ -52,7 +54,10 @@ def replicas_and_rank(
     if num_replicas < 1:
         raise ConfigError(f"{owner}: num_replicas must be >= 1, got {num_replicas}")
     if not 0 <= rank < num_replicas:
-        raise ConfigError(f"{owner}: rank {rank} is outside [0, {num_replicas - 1}] (num_replicas)")
+        raise ConfigError(
+            f"{owner}: rank {rank} is outside [0, {num_replicas - 1}] (num_replicas): give each process's rank in "
+            "its group, from 0 to num_replicas - 1"
+        )
     return num_replicas, rank
 
 
@@ -120,9 +125,9 @@ class DistributedSampler(Sampler[int]):
         self.dataset = dataset
         self.num_replicas = num_replicas
         self.rank = rank
-        self.shuffle = shuffle
+        self.shuffle = require_bool("DistributedSampler", "shuffle", shuffle)
         self.seed = seed
-        self.drop_last = drop_last
+        self.drop_last = require_bool("DistributedSampler", "drop_last", drop_last)
         self.epoch = 0
         n = len(dataset)
         # torch's arithmetic: with drop_last the tail that cannot be split evenly is dropped, else indices repeat.

@@ -21,6 +21,23 @@ from torch import nn
 from gradsync.collectives.communicator import Communicator, Op
 from gradsync.errors import ConfigError
 from gradsync.torch_private import BatchNormBase
+from gradsync.validate import require_bool, require_group, require_int, require_number
+
+
+def _check_arguments(
+    num_features: object, eps: object, momentum: object, switches: tuple[object, object], group: object
+) -> None:
+    """torch's BatchNorm takes these unchecked and fails at the first forward (a zero-size buffer, eps <= 0) or
+    never (a NaN momentum poisons the running statistics): refused here, by name."""
+    where = "SyncBatchNorm"
+    require_int(where, "num_features (the channels, C of an (N, C, ...) input)", num_features, 1)
+    if require_number(where, "eps", eps, 0.0) == 0:
+        raise ConfigError(f"{where}: eps must be > 0 (it keeps the division by the deviation finite), got {eps!r}")
+    if momentum is not None and require_number(where, "momentum", momentum, 0.0) > 1:
+        raise ConfigError(f"{where}: momentum must be in [0, 1], or None for a cumulative average, got {momentum!r}")
+    require_bool(where, "affine", switches[0])
+    require_bool(where, "track_running_stats", switches[1])
+    require_group(where, "process_group", group)
 
 
 class SyncBatchNorm(BatchNormBase):
@@ -43,6 +60,7 @@ class SyncBatchNorm(BatchNormBase):
         device: Any = None,
         dtype: Any = None,
     ) -> None:
+        _check_arguments(num_features, eps, momentum, (affine, track_running_stats), process_group)
         super().__init__(num_features, eps, momentum, affine, track_running_stats, device=device, dtype=dtype)
         self.process_group = process_group
 

@@ -17,6 +17,7 @@ from torch.optim import Optimizer
 
 from gradsync import torch_private
 from gradsync.errors import ConfigError
+from gradsync.optim.saved_state import check_saved_state, prober
 from gradsync.optim.sharded import require_optimizer_class, state_bytes
 from gradsync.reducer.buckets import AnyBucket
 from gradsync.validate import require_ddp
@@ -97,6 +98,12 @@ class OverlappedOptimizer(Optimizer):
         """Bytes of optimizer state held on this rank (all of it: nothing is sharded)."""
         return state_bytes(s for inner in self._inner.values() for s in inner.state.values())
 
+    def _hyperparameters(self) -> dict[str, Any]:
+        """Every hyperparameter the class keeps (Adam's betas...), not only the ones given, as a plain
+        ``optimizer_class``'s state dict has them; the values set on this optimizer's group win."""
+        inner = [o.param_groups[0] for o in self._inner.values()][:1]
+        return {k: v for g in (*inner, self.param_groups[0]) for k, v in g.items() if k != "params"}
+
     def state_dict(self) -> dict[str, Any]:
         """The state as one ``optimizer_class`` over all parameters would give it."""
         state = {}
@@ -104,10 +111,17 @@ class OverlappedOptimizer(Optimizer):
             own = inner.state_dict()["state"]
             if 0 in own:
                 state[self._index[p]] = own[0]
-        group = {k: v for k, v in self.param_groups[0].items() if k != "params"}
+        group = self._hyperparameters()
         return {"state": state, "param_groups": [{**group, "params": list(range(len(self._index)))}]}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Load a state from :meth:`state_dict` (or from one ``optimizer_class`` over the same parameters), checked
+        first: one saved by another model or another optimizer class is refused, and nothing is changed."""
+        params = list(self._index)
+        if params:
+            probe = prober(type(self._inner[params[0]]), self.defaults)
+            current = [self._hyperparameters()]
+            state_dict = check_saved_state("OverlappedOptimizer.load_state_dict", state_dict, [params], probe, current)
         group = {k: v for k, v in state_dict["param_groups"][0].items() if k != "params"}
         self.param_groups[0].update(group)
         for p, inner in self._inner.items():

@@ -8,18 +8,21 @@ Named like torch's ``ZeroRedundancyOptimizer`` (an alias is exported), whose con
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch.distributed.algorithms.join import Join, Joinable, JoinHook
+from torch.distributed.tensor import DTensor
 from torch.optim import Optimizer
 
 from gradsync import settings
 from gradsync.collectives.communicator import Communicator, Op
 from gradsync.collectives.tensors import all_gather_shards
 from gradsync.errors import CollectiveError, ConfigError
+from gradsync.optim.saved_state import check_saved_state, prober
+from gradsync.validate import require_group, require_int
 
 # The usual reason a rank never reaches the all-gather: uneven inputs under a Join that does not include us.
 _JOIN_HINT = (
@@ -40,6 +43,11 @@ def partition(sizes: list[int], world_size: int) -> list[int]:
     >>> partition([10, 1, 1, 8], 2)
     [0, 1, 1, 1]
     """
+    require_int("partition", "world_size", world_size, 1)
+    if isinstance(sizes, (str, bytes)) or not isinstance(sizes, Sequence):
+        raise ConfigError(f"partition: sizes must be a list of element counts (ints >= 0), got {type(sizes).__name__}")
+    for k, size in enumerate(sizes):
+        require_int("partition", f"sizes[{k}]", size, 0)
     loads = [0] * world_size
     owner = [0] * len(sizes)
     for i in sorted(range(len(sizes)), key=lambda i: (-sizes[i], i)):
@@ -85,6 +93,8 @@ class ShardedOptimizer(Optimizer, Joinable):
         **defaults: Any,
     ) -> None:
         require_optimizer_class("ShardedOptimizer", optimizer_class)
+        require_group("ShardedOptimizer", "process_group", process_group)
+        params = _plain_parameters(params)
         super().__init__(params, defaults)
         Joinable.__init__(self)
         self.optimizer_class = optimizer_class
@@ -100,6 +110,7 @@ class ShardedOptimizer(Optimizer, Joinable):
         _verify_same_parameters(self._comm, self._all)
         self._shard()
         self._consolidated: dict[int, Any] | None = None
+        self._class_hyperparameters: dict[str, Any] | None = None
 
     def _shard(self) -> None:
         """Partition the parameters over the group and build this rank's optimizer for its share."""
@@ -197,20 +208,24 @@ class ShardedOptimizer(Optimizer, Joinable):
             )
         groups, start = [], 0
         for g in self.param_groups:
-            groups.append({**_hyper(g), "params": list(range(start, start + len(g["params"])))})
+            groups.append({**self._hyperparameters(g), "params": list(range(start, start + len(g["params"])))})
             start += len(g["params"])
         return {"state": dict(sorted(self._consolidated.items())), "param_groups": groups}
+
+    def _hyperparameters(self, group: dict[str, Any]) -> dict[str, Any]:
+        """``group``'s hyperparameters with every one the class keeps (Adam's betas...), as a plain
+        ``optimizer_class`` over all parameters has them: its state dict loads into either."""
+        if self._class_hyperparameters is None:
+            self._class_hyperparameters = _hyper(prober(self.optimizer_class, self._defaults)().param_groups[0])
+        return {**self._class_hyperparameters, **_hyper(group)}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Load a full state dict (from :meth:`state_dict`, or from the unsharded optimizer) and keep this rank's
         share. The world size may differ from the one it was saved with."""
-        saved = [len(g["params"]) for g in state_dict["param_groups"]]
-        mine = [len(g["params"]) for g in self.param_groups]
-        if saved != mine:
-            raise ConfigError(
-                f"ShardedOptimizer.load_state_dict: the state was saved for parameter groups of sizes {saved}, "
-                f"this optimizer has {mine}; build it over the same parameters, in the same groups."
-            )
+        groups = [g["params"] for g in self.param_groups]
+        probe = prober(self.optimizer_class, self._defaults)
+        current = [self._hyperparameters(g) for g in self.param_groups]
+        state_dict = check_saved_state("ShardedOptimizer.load_state_dict", state_dict, groups, probe, current)
         for full, g in zip(self.param_groups, state_dict["param_groups"]):
             full.update(_hyper(g))
         if self.local is None:
@@ -221,6 +236,34 @@ class ShardedOptimizer(Optimizer, Joinable):
             groups.append({**_hyper(g), "params": list(range(local_i, local_i + len(mine_g["params"])))})
             local_i += len(mine_g["params"])
         self.local.load_state_dict({"state": state, "param_groups": groups})
+
+
+def _plain_parameters(params: Iterable[Any]) -> list[Any]:
+    """``params`` as a list, refused by name where ShardedOptimizer cannot shard it: nothing, or a DTensor (its
+    shards are plain tensors gathered into flat buffers, which a DTensor cannot join)."""
+    if params is None or isinstance(params, torch.Tensor):
+        raise ConfigError(
+            "ShardedOptimizer: params must be an iterable of parameters (model.parameters()) or of parameter "
+            f"groups, got {type(params).__name__}"
+        )
+    listed = [_listed_group(item) if isinstance(item, dict) else item for item in params]
+    if not listed:
+        raise ConfigError("ShardedOptimizer: params is empty; pass the model's parameters (model.parameters()).")
+    tensors = [p for item in listed for p in (item["params"] if isinstance(item, dict) else [item])]
+    dtensors = [i for i, p in enumerate(tensors) if isinstance(p, DTensor)]
+    if dtensors:
+        raise ConfigError(
+            f"ShardedOptimizer: params holds {len(dtensors)} DTensor parameter(s) (the first at position "
+            f"{dtensors[0]}): it shards plain tensors only. Over tensor-parallel or FSDP (fully_shard) parameters, "
+            "use a plain torch optimizer: their state is already sharded the way the parameters are."
+        )
+    return listed
+
+
+def _listed_group(group: dict[str, Any]) -> dict[str, Any]:
+    """A parameter group with its ``params`` made a list (torch accepts a tensor or any iterable there)."""
+    ps = group.get("params", [])
+    return {**group, "params": [ps] if isinstance(ps, torch.Tensor) else list(ps)}
 
 
 def _verify_same_parameters(comm: Communicator, params: list[torch.Tensor]) -> None:
