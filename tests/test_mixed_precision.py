@@ -314,15 +314,77 @@ def test_forward_computes_in_low_precision_and_leaves_full_precision(group_of_on
     assert seen["input"] == BF16
 
 
-def test_refused_combinations_name_what_to_do(group_of_one: None) -> None:
+def test_refused_combinations_name_what_to_do_and_a_regroup_keeps_the_policy(group_of_one: None) -> None:
     policy = gradsync.MixedPrecision(BF16, buffer_dtype=BF16)
     sparse = nn.Sequential(nn.Embedding(10, 4, sparse=True), nn.Linear(4, 2))
     with pytest.raises(ConfigError, match=r"sparse gradients \(parameter '0.weight'.*sparse=False"):
         gradsync.DistributedDataParallel(sparse, mixed_precision=policy)
+    with pytest.raises(ConfigError, match=r"mixed_precision with SyncBatchNorm \(module '1'"):
+        norm = nn.Sequential(nn.Linear(4, 4), gradsync.SyncBatchNorm(4))
+        gradsync.DistributedDataParallel(norm, mixed_precision=policy)
     with pytest.raises(ConfigError, match="mixed_precision must be a gradsync.MixedPrecision"):
         gradsync.DistributedDataParallel(Net(), mixed_precision="bf16")
     ddp = gradsync.DistributedDataParallel(Net(), mixed_precision=policy)
+    ddp.rebuild_for_new_group()  # elastic recovery rebuilds the runtime: the policy with it
+    _loss(ddp(_x(0, 0))).backward()
+    assert {p.grad.dtype for p in ddp.parameters() if p.requires_grad} == {FP32}
+    assert ddp.reducer.layout.casts and ddp.module.scale.dtype == BF16
+    copied = copy.deepcopy(ddp)  # pickled state: the policy, rebuilt with the copy's runtime
+    assert copied.mixed_precision == policy and copied.reducer.layout.casts
     with ddp.no_sync():
         out = ddp(_x(0, 0))
     with pytest.raises(ConfigError, match=r"mixed_precision with sync_next_backward"):
         ddp.sync_next_backward(out)
+
+
+# ---------------------------------------------------------------------------------- torch.compile
+def _compiled_variants(rank: int, world_size: int) -> dict[str, Any]:
+    from test_compile import BATCH, WIDTH, _wrap
+    from test_compile import Net as LayerNet
+
+    results: dict[str, Any] = {}
+    for order in ("eager", "outer", "inner"):
+        torch._dynamo.reset()
+        torch.manual_seed(0)
+        model = LayerNet(layers=4)
+        policy = gradsync.MixedPrecision(BF16, FP32)
+        ddp, run = _wrap("gradsync", order, model, {"bucket_cap_mb": 1, "mixed_precision": policy}, "aot_eager", False)
+        first = model.layers[0].weight
+        early: list[bool] = []
+
+        def recording_hook(state, bucket):  # type: ignore[no-untyped-def]
+            early.append(first.grad is None)  # handed over before the first layer's gradient existed
+            return default_hooks.allreduce_hook(None, bucket)
+
+        ddp.register_comm_hook(None, recording_hook)
+        opt = torch.optim.SGD(model.parameters(), lr=LR)
+        frames, overlapped = [], []
+        for step in range(3):
+            opt.zero_grad(set_to_none=True)
+            early.clear()
+            x = torch.randn(BATCH, WIDTH, generator=torch.Generator().manual_seed(10 * step + rank))
+            run(x).float().pow(2).mean().backward()
+            opt.step()
+            frames.append(ddp._forward_steps.graph_split.frames_split)
+            overlapped.append((sum(early), len(early)))
+        results[order] = {
+            "state": {k: v.detach().clone() for k, v in model.state_dict().items()},
+            "frames": frames,
+            "overlapped": overlapped,
+            "grad_dtypes": {str(p.grad.dtype) for p in model.parameters()},
+        }
+    return results
+
+
+@pytest.mark.timeout(400)
+def test_compiled_in_both_orders_matches_eager_and_overlaps() -> None:
+    for result in spawn(_compiled_variants, world_size=WORLD, timeout=380):
+        eager = result["eager"]["state"]
+        for order in ("outer", "inner"):
+            seen = result[order]
+            for k, value in eager.items():
+                assert torch.equal(seen["state"][k], value), (order, k)
+            assert seen["grad_dtypes"] == {"torch.float32"}
+            assert seen["frames"][0] > 0 and len(set(seen["frames"])) == 1, (order, seen["frames"])  # no recompile
+            for early, buckets in seen["overlapped"][1:]:
+                assert early >= buckets - 2, (order, seen["overlapped"])

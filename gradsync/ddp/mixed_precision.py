@@ -34,6 +34,7 @@ from torch import nn
 
 from gradsync.ddp.tree import map_tensors
 from gradsync.errors import ConfigError
+from gradsync.nn.sync_batchnorm import SyncBatchNorm
 from gradsync.reducer.local_params import is_dtensor
 from gradsync.reducer.reduction import ReducePrecision
 
@@ -112,6 +113,12 @@ def check_mixed_precision_composition(module: nn.Module, sparse: Collection[str]
         refuse_with_mixed_precision(
             f"sparse gradients (parameter '{sorted(sparse)[0]}', an Embedding with sparse=True)",
             "use sparse=False, or keep the embedding out of DDP (set_params_and_buffers_to_ignore).",
+        )
+    synced_norms = [name for name, sub in module.named_modules() if isinstance(sub, (SyncBatchNorm, nn.SyncBatchNorm))]
+    if synced_norms:
+        refuse_with_mixed_precision(
+            f"SyncBatchNorm (module '{synced_norms[0]}': its statistics would be all-reduced in param_dtype)",
+            "keep BatchNorm local (nn.BatchNorm), or train in full precision with torch.autocast in the model.",
         )
     sharded = [name for name, p in module.named_parameters() if is_dtensor(p)]
     if sharded:
