@@ -17,7 +17,6 @@ from typing import Any
 
 import pytest
 import torch
-import torch.distributed as dist
 from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel.distributed import _MixedPrecision
@@ -352,7 +351,7 @@ def _compiled_variants(rank: int, world_size: int) -> dict[str, Any]:
         first = model.layers[0].weight
         early: list[bool] = []
 
-        def recording_hook(state, bucket):  # type: ignore[no-untyped-def]
+        def recording_hook(state, bucket, early=early, first=first):  # type: ignore[no-untyped-def]
             early.append(first.grad is None)  # handed over before the first layer's gradient existed
             return default_hooks.allreduce_hook(None, bucket)
 
