@@ -102,7 +102,7 @@ def test_bad_arguments_say_what_to_change() -> None:
     msgs = spawn(_bad_arguments, timeout=50)[0]
     assert msgs[0].startswith("ValueError: gradsync: bucket_cap_mb must be a finite number > 0")
     assert msgs[1].startswith("ValueError") and "doesn't have any parameter that requires a gradient" in msgs[1]
-    assert msgs[2].startswith("TypeError") and "'mixed_precision'" in msgs[2] and "does not implement" in msgs[2]
+    assert msgs[2].startswith("ValueError") and "mixed_precision must be a gradsync.MixedPrecision" in msgs[2]
     assert msgs[3].startswith("TypeError") and "'bucket_size'" in msgs[3] and "no such argument" in msgs[3]
     assert msgs[4].startswith("TypeError") and "wraps an nn.Module" in msgs[4]
     assert all(m.startswith("ValueError: gradsync: bucket_cap_mb must be a finite number > 0") for m in msgs[5:7])

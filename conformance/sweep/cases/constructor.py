@@ -111,7 +111,7 @@ def _():
     return _ddp(Shallow(), bucket_size=3)
 
 
-@case("ctor_mixed_precision", CAT, "mixed_precision=object() (not implemented)", ["mixed_precision"])
+@case("ctor_mixed_precision", CAT, "mixed_precision=object() (not a MixedPrecision)", ["mixed_precision"])
 def _():
     return _ddp(Shallow(), mixed_precision=object())
 

@@ -240,10 +240,22 @@ TABLE: dict[str, Target] = {
             "bucket_cap_mb_list": OBJ(("negative", [-1.0]), ("NaN", [math.nan]), ("empty", []), ("a number", 25.0)),
             "batched_grad_copy": BOOL(),
             "forward_sync_buffers": BOOL(optional=True),
+            "mixed_precision": OBJ(("a str", "bf16"), ("a dtype", torch.bfloat16)),
             "bucket_tuning": BOOL(optional=True),
             "check_desync": BOOL(optional=True),
         },
         _train_ddp,
+        owner="ddp",
+    ),
+    "gradsync.MixedPrecision": Target(
+        lambda: {"param_dtype": torch.bfloat16},
+        {
+            "param_dtype": OBJ(("an integer dtype", torch.int8), ("a str", "bf16")),
+            "reduce_dtype": OBJ(("an integer dtype", torch.int32), ("a str", "fp32")),
+            "buffer_dtype": OBJ(("a bool dtype", torch.bool), ("a type", float)),
+            "cast_forward_inputs": BOOL(),
+        },
+        group=False,
         owner="ddp",
     ),
     "gradsync.DistributedLoader": Target(
