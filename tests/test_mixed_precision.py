@@ -300,6 +300,13 @@ def test_forward_computes_in_low_precision_and_leaves_full_precision(group_of_on
     assert ddp.module.scale.dtype == BF16 and ddp.module.count.dtype == torch.long  # only floating buffers cast
     _loss(ddp(_x(0, 0))).backward()
     assert seen == {"params": {"torch.bfloat16"}, "input": BF16}
+    trained = [p for p in ddp.parameters() if p.requires_grad]
+    for p in trained:
+        p.grad.mul_(1 + 2**-12)  # (a gradient clipped, say): no longer a bfloat16 value, so rounding would show
+    kept = [p.grad.clone() for p in trained]
+    with torch.no_grad():  # an evaluation forward before the step leaves .grad as it is
+        ddp(_x(0, 1))
+    assert all(torch.equal(p.grad, g) for p, g in zip(trained, kept))  # (the no_sync case checks the rounding)
     assert {p.dtype for p in ddp.parameters()} == {FP32}
     assert {p.grad.dtype for p in ddp.parameters() if p.requires_grad} == {FP32}
     assert all(isinstance(p, nn.Parameter) for p in ddp.module.parameters())

@@ -26,7 +26,7 @@ the reducer's hooks stay where they are.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Collection, Iterator
+from collections.abc import Collection
 from typing import Any
 
 import torch
@@ -152,12 +152,16 @@ class LowPrecisionCopies:
             return inputs, kwargs, []
         copies: dict[int, torch.Tensor] = {}  # one copy per parameter, however many modules share it
         swapped = []
+        # Only where a backward may follow: an evaluation forward between backward and step keeps .grad as averaged
+        # (torch's pre-forward hook would round it there too, and the optimizer would step the rounded gradient).
+        round_grads = torch.is_grad_enabled()
         for owner, name, param in self._slots:
             if owner._parameters.get(name) is not param:
                 continue  # torch.func.functional_call's tensor in its place: the caller's, left as given
             copy = copies.get(id(param))
             if copy is None:
-                _round_accumulated(param, dtype)
+                if round_grads:
+                    _round_accumulated(param, dtype)
                 copy = copies[id(param)] = param.to(dtype)
             owner._parameters[name] = copy  # type: ignore[assignment]  # what the forward computes with
             swapped.append((owner, name, param))
@@ -200,19 +204,19 @@ def cast_buffers(module: nn.Module, policy: MixedPrecision, ignored: Collection[
 
 def mark_parameters_as_torch_does(module: nn.Module, policy: MixedPrecision, ignored: Collection[str]) -> None:
     """torch's DDP gives each parameter ``_mp_param`` (its low-precision copy, storage freed between steps) and
-    ``_fp_param`` (its full-precision data); torch's tests and some user code look at them. gradsync keeps no
-    copy there: ``_mp_param`` is an empty placeholder of the right dtype and shape, ``_fp_param`` the data."""
-    for name, param in _named_parameters(module):
-        if name in ignored:
-            continue
-        placeholder = torch.empty_like(param, dtype=policy.param_dtype or param.dtype)
-        placeholder.untyped_storage().resize_(0)
-        param._mp_param = placeholder  # type: ignore[attr-defined]
-        param._fp_param = param.data  # type: ignore[attr-defined]
+    ``_fp_param`` (its full-precision data); torch's tests and some user code look at their dtypes. gradsync keeps
+    no copy there: both are placeholders of the parameter's shape, in ``param_dtype`` and in the parameter's dtype,
+    holding no memory (an alias of the data would be copied twice by ``copy.deepcopy`` and pickling)."""
+    for name, param in module.named_parameters():
+        if name not in ignored:
+            param._mp_param = _placeholder(param, policy.param_dtype or param.dtype)  # type: ignore[attr-defined]
+            param._fp_param = _placeholder(param, param.dtype)  # type: ignore[attr-defined]
 
 
-def _named_parameters(module: nn.Module) -> Iterator[tuple[str, nn.Parameter]]:
-    yield from module.named_parameters()
+def _placeholder(param: nn.Parameter, dtype: torch.dtype) -> torch.Tensor:
+    placeholder = torch.empty_like(param, dtype=dtype, requires_grad=False)
+    placeholder.untyped_storage().resize_(0)
+    return placeholder
 
 
 class FullPrecision:
