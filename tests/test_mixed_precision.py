@@ -26,7 +26,7 @@ from gradsync import checkpoint
 from gradsync.ddp.arguments import _UNSUPPORTED
 from gradsync.errors import ConfigError
 from gradsync.optim import OverlappedOptimizer
-from gradsync.testing import spawn
+from gradsync.testing import spawn, spawn_failures
 
 BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
 LR = 0.05
@@ -394,3 +394,25 @@ def test_compiled_in_both_orders_matches_eager_and_overlaps() -> None:
             assert seen["frames"][0] > 0 and len(set(seen["frames"])) == 1, (order, seen["frames"])  # no recompile
             for early, buckets in seen["overlapped"][1:]:
                 assert early >= buckets - 2, (order, seen["overlapped"])
+
+
+# ---------------------------------------------------------------------------------- check_for_nan_in_grad
+def _inf_on_rank1(rank: int, world_size: int, policy: gradsync.MixedPrecision | None) -> None:
+    ddp = gradsync.DistributedDataParallel(
+        Net(), mixed_precision=policy, check_for_nan_in_grad=True, bucket_cap_mb=0.0003
+    )
+    for step in range(2):  # a finite step first: the check lets it through, as it does the rebuilt buckets
+        x = _x(rank, step)
+        if step == 1 and rank == 1:
+            x[0, 0] = float("inf")
+        _loss(ddp(x)).backward()
+        ddp.zero_grad()
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("policy", [None, gradsync.MixedPrecision(FP16, buffer_dtype=FP16)], ids=["fp32", "fp16"])
+def test_a_non_finite_gradient_is_named_before_it_is_averaged(policy: gradsync.MixedPrecision | None) -> None:
+    failures = spawn_failures(_inf_on_rank1, args=(policy,), timeout=100, pg_timeout=10)
+    assert failures[1].kind == "GradientError"
+    assert "rank 1: parameter 'a.weight'" in failures[1].message and "NaN or inf gradient" in failures[1].message
+    assert "rank 1 reported" in failures[0].message  # rank 0, in that bucket's all-reduce, gets rank 1's report

@@ -52,6 +52,7 @@ from gradsync.observe.recorder import Recorder
 from gradsync.reducer.reducer import Reducer
 from gradsync.reducer.reduction import CommHook
 from gradsync.runtime.env import in_elastic_job
+from gradsync.validate import require_bool
 
 
 class DistributedDataParallel(nn.Module, Joinable):
@@ -71,7 +72,11 @@ class DistributedDataParallel(nn.Module, Joinable):
     backward compute in ``param_dtype`` on copies made once per forward, gradients are averaged in ``reduce_dtype``
     and land, upcast, in the full-precision parameters' ``.grad`` (:mod:`gradsync.ddp.mixed_precision`).
 
-    Two keyword arguments are gradsync's own, each defaulting to its environment variable: ``bucket_tuning``
+    ``check_for_nan_in_grad=True`` (gradsync's, Megatron's name): before each bucket's collective, one fused check
+    that its gradients are finite; a NaN or inf is named (the first parameter holding one, and the rank) before it is
+    averaged into every replica. Off by default: each bucket then costs one host sync.
+
+    Two more keyword arguments are gradsync's own, each defaulting to its environment variable: ``bucket_tuning``
     (``GRADSYNC_BUCKET_TUNING``, on: whether ``bucket_cap_mb=None`` may tune) and ``check_desync``
     (``GRADSYNC_DEBUG``, off: compare every collective across ranks before it runs, and name the first that
     differs). Every rank must pass the same values; a difference is refused at construction.
@@ -112,6 +117,7 @@ class DistributedDataParallel(nn.Module, Joinable):
         mixed_precision: MixedPrecision | Any = None,
         bucket_tuning: bool | None = None,
         check_desync: bool | None = None,
+        check_for_nan_in_grad: bool = False,
         **unsupported: Any,
     ) -> None:
         super().__init__()
@@ -147,6 +153,9 @@ class DistributedDataParallel(nn.Module, Joinable):
         self.bucket_bytes_cap_default = self._config.caps.is_default
         self._hook: tuple[Any, CommHook] | None = None  # (state, hook) as registered: carried across a regroup
         self.mixed_precision = self._mixed_precision_of(mixed_precision)
+        self.check_for_nan_in_grad = require_bool(
+            "DistributedDataParallel", "check_for_nan_in_grad", check_for_nan_in_grad
+        )
         self._build_runtime()
         self._construction_failure = self._sync_replicas(init_sync, init_sync_buffers)
 
@@ -221,6 +230,7 @@ class DistributedDataParallel(nn.Module, Joinable):
             sparse=[n in config.sparse for n, _ in named],
             skip_unused=config.skip_unused,
             precision=None if self.mixed_precision is None else self.mixed_precision.reduction,
+            check_finite=self.check_for_nan_in_grad,
         )
         self._comm_hook_registered = False
         self._plan_before_regroup: tuple[list[int], list[int]] | None = None

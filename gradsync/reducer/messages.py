@@ -125,3 +125,11 @@ def per_bucket_with_dtensors(names: Sequence[str], sharded: Sequence[int]) -> st
         "shards, and the DTensor gradients are made only once every bucket has landed. Use a plain optimizer over "
         "the model's parameters (torch.optim.AdamW(ddp.parameters())) with tensor parallelism."
     )
+
+
+def non_finite_gradient(rank: int, name: str, bucket: int) -> str:
+    return (
+        f"rank {rank}: parameter '{name}' has a NaN or inf gradient (bucket {bucket}), found before it was averaged "
+        "into every replica (check_for_nan_in_grad=True). Look at this rank's batch and loss (a NaN loss, a "
+        "division by zero, an overflow in low precision: a loss scaler, or bfloat16 instead of float16)."
+    )

@@ -45,7 +45,14 @@ from gradsync.reducer.lending import Lending, Verdict
 from gradsync.reducer.local_params import LocalParams
 from gradsync.reducer.mode import GraphMode
 from gradsync.reducer.rebuild import Rebuild, State
-from gradsync.reducer.reduction import BucketReduction, CommHook, HookReduction, ReducePrecision, built_in_reduction
+from gradsync.reducer.reduction import (
+    BucketReduction,
+    CommHook,
+    HookReduction,
+    ReducePrecision,
+    built_in_reduction,
+    checked_if,
+)
 from gradsync.reducer.sink import pass_through_sink
 from gradsync.reducer.static_graph import StaticGraph
 from gradsync.reducer.step import BackwardStep, Phase, StepContext
@@ -72,6 +79,7 @@ class Reducer:
         sparse: Sequence[bool] | None = None,
         skip_unused: bool = False,
         precision: ReducePrecision | None = None,
+        check_finite: bool = False,
     ) -> None:
         self._local = LocalParams(params)
         self.params = self._local.locals
@@ -87,7 +95,9 @@ class Reducer:
         self._rebuild = Rebuild(self.params, comm, self.layout, caps, mode.rebuilds, clock_for(device), static)
         self._usage = GlobalUsage(len(self.params), mode, comm, assume_same_everywhere=skip_unused)
         self._static = StaticGraph(len(self.params)) if static else None
-        self._reduction: BucketReduction = built_in_reduction(comm, precision)
+        # check_for_nan_in_grad: the parameters' names by tensor id, for the check every reduction is wrapped in.
+        self._finite_check = {id(p): n for p, n in zip(self.params, self.names)} if check_finite else None
+        self._reduction: BucketReduction = checked_if(self._finite_check, built_in_reduction(comm, precision))
         self._hook_agreed = False  # every rank reduces with the same hook: checked at the first synced backward
         self._recorder = Recorder()
         self._recorder_attached = False  # whether to poll it from every gradient hook
@@ -147,7 +157,7 @@ class Reducer:
     # ------------------------------------------------------------------------------------ extension points
     def set_comm_hook(self, state: Any, hook: CommHook) -> None:
         """Reduce each bucket with ``hook(state, GradBucket) -> Future[Tensor]`` (torch's contract)."""
-        self._reduction = HookReduction(self.comm, state, hook)
+        self._reduction = checked_if(self._finite_check, HookReduction(self.comm, state, hook))
         self._context = self._make_context()
         if state is not None and not isinstance(state, dist.ProcessGroup):
             # A hook with a state object may keep memory per bucket index (PowerSGD's error and P/Q matrices, the

@@ -15,7 +15,8 @@ import torch
 
 from gradsync import torch_private
 from gradsync.collectives.communicator import Communicator, Op
-from gradsync.errors import ConfigError
+from gradsync.collectives.peer_errors import post_error
+from gradsync.errors import ConfigError, GradientError
 from gradsync.reducer import messages
 from gradsync.reducer.grad_bucket import GradBucket, result_future
 from gradsync.reducer.hook_order import OneAtATime, hook_needs_order
@@ -79,6 +80,34 @@ def built_in_reduction(comm: Communicator, precision: ReducePrecision | None) ->
     return AllReduce(comm) if precision is None else SumThenDivide(comm)
 
 
+class FiniteChecked:
+    """``check_for_nan_in_grad=True`` (Megatron's name): before each bucket's collective, one fused reduction over
+    the whole bucket says whether its gradients are all finite (one host sync per bucket, not per parameter). A NaN
+    or inf is named, with the first parameter holding one and this rank, before it is averaged into every replica;
+    the other ranks, waiting in that bucket's collective, learn the cause from this rank's report. Wraps the bucket's
+    reduction, so without the option nothing is checked and nothing is paid."""
+
+    def __init__(self, inner: AllReduce | HookReduction, names: dict[int, str]) -> None:
+        self.inner, self._names = inner, names  # names: id(parameter tensor) -> its name
+        self.comm = inner.comm
+        self.divisor = inner.divisor
+        self.needs_deadline = inner.needs_deadline
+        self.one_at_a_time = inner.one_at_a_time
+
+    def launch(
+        self, k: int, buffer: torch.Tensor, views: list[torch.Tensor], params: list[torch.Tensor], is_last: bool
+    ) -> torch.futures.Future:
+        if not bool(torch.isfinite(buffer).all()):
+            first = next((p for v, p in zip(views, params) if not bool(torch.isfinite(v).all())), params[0])
+            message = messages.non_finite_gradient(self.comm.rank, self._names.get(id(first), "?"), k)
+            post_error(message)
+            raise GradientError(message)
+        return self.inner.launch(k, buffer, views, params, is_last)
+
+    def identity(self) -> str:
+        return self.inner.identity()
+
+
 class HookReduction:
     """A communication hook reduces each bucket; it averages itself, as torch's hooks do, so nothing is divided on
     the way in."""
@@ -114,4 +143,9 @@ class HookReduction:
         return messages.hook_identity(self.hook, self.state)
 
 
-BucketReduction = AllReduce | HookReduction
+BucketReduction = AllReduce | HookReduction | FiniteChecked
+
+
+def checked_if(check: dict[int, str] | None, reduction: AllReduce | HookReduction) -> BucketReduction:
+    """``reduction``, behind the non-finite check where ``check`` (the parameters' names by tensor id) is given."""
+    return reduction if check is None else FiniteChecked(reduction, check)

@@ -243,6 +243,7 @@ TABLE: dict[str, Target] = {
             "mixed_precision": OBJ(("a str", "bf16"), ("a dtype", torch.bfloat16)),
             "bucket_tuning": BOOL(optional=True),
             "check_desync": BOOL(optional=True),
+            "check_for_nan_in_grad": BOOL(),
         },
         _train_ddp,
         owner="ddp",
