@@ -8,6 +8,7 @@ command they mean to run.
 
 from __future__ import annotations
 
+import argparse
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -69,14 +70,14 @@ def parse(argv: Sequence[str], environ: dict[str, str] | None = None) -> tuple[J
     return job, args.json
 
 
-def _parser():
+def _parser() -> argparse.ArgumentParser:
     p = run_flags.parser(prog="gradsync doctor", script=False)
     p.description = "Check this machine for a job with these gradsync run flags; exit 1 if the job would fail."
     p.add_argument("--json", action="store_true", help="print the checks as a JSON list instead of a table")
     return p
 
 
-def _lenient(p):
+def _lenient(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """``p`` taking every value as text (no type, no choices): the job the other checks read, where a value was
     refused (that refusal is the flags check's)."""
     for action in p._actions:

@@ -36,4 +36,3 @@ def require_per_rank(where: str, per_rank: object) -> Mapping[int, Sequence[Step
             raise ConfigError(f"{where}: per_rank's keys must be ranks (ints), got {rank!r:.40}: {_FIX}.")
         require_steps(where, f"per_rank[{rank}] (of {per_rank!r:.60})", steps)
     return per_rank
-

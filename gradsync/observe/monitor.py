@@ -13,10 +13,10 @@ import torch
 import torch.distributed as dist
 
 from gradsync.collectives.communicator import Op
+from gradsync.errors import ConfigError
 from gradsync.observe.breakdown import StepBreakdown, median_breakdown
 from gradsync.observe.recorder import StepRecord, StepRecorder
 from gradsync.observe.trace import write_chrome_trace
-from gradsync.errors import ConfigError
 from gradsync.validate import require_ddp, require_int
 
 

@@ -17,8 +17,8 @@ import os
 import re
 import signal
 from collections.abc import Callable
-from typing import Any
 from importlib import metadata
+from typing import Any
 
 from torch.distributed.elastic.multiprocessing import Std
 

@@ -225,8 +225,8 @@ def _check_nproc(value: str) -> None:
             raise ConfigError(f"--nproc-per-node {shown(value)}: start at least 1 worker per node (or auto, cpu, gpu).")
     elif value not in ("auto", "cpu", "gpu", "xpu", privateuse1_backend_name()):
         raise ConfigError(
-            f"--nproc-per-node {shown(value)}: give the number of workers per node (e.g. 2), or auto, cpu or gpu (one per "
-            "CPU core or GPU)."
+            f"--nproc-per-node {shown(value)}: give the number of workers per node (e.g. 2), or auto, cpu or gpu "
+            "(one per CPU core or GPU)."
         )
 
 
