@@ -185,3 +185,52 @@ def test_the_elastic_api_is_reachable_after_a_plain_import() -> None:
 
     code = "import torch, gradsync; assert callable(gradsync.elastic.init) and gradsync.elastic.ElasticLoader"
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)  # a fresh interpreter: nothing imported yet
+
+
+def _swaps_and_nesting(rank: int, world_size: int) -> dict[str, str]:
+    """What torch's DDP takes that gradsync must take too, or refuse by name where torch goes silently wrong."""
+    said: dict[str, str] = {}
+
+    def attempt(name: str, action) -> None:
+        try:
+            action()
+            said[name] = "accepted"
+        except gradsync.GradsyncError as error:
+            said[name] = str(error)
+
+    ddp = gradsync.DistributedDataParallel(nn.Sequential(nn.Linear(3, 3), nn.Linear(3, 1)))
+    weight = torch.ones(3, 3, requires_grad=True)
+    # Some parameters only: the others' buckets would wait for gradients that never reach DDP.
+    attempt("some", lambda: torch.func.functional_call(ddp, {"module.0.weight": weight}, torch.ones(2, 3)))
+    # A functional_call first must not spend the check of parameters replaced for good after wrapping.
+    every = {f"module.{n}": p.detach().clone().requires_grad_() for n, p in ddp.module.named_parameters()}
+    attempt("every", lambda: torch.func.functional_call(ddp, every, torch.ones(2, 3)).sum().backward())
+    ddp.module.load_state_dict(ddp.module.state_dict(), assign=True)  # new Parameter objects, for good
+    attempt("replaced after", lambda: ddp(torch.ones(2, 3)).sum().backward())
+    inner = gradsync.DistributedDataParallel(nn.Linear(3, 1), gradient_as_bucket_view=True)
+    attempt("nested views", lambda: gradsync.DistributedDataParallel(inner))
+    attempt("nested", lambda: gradsync.DistributedDataParallel(gradsync.DistributedDataParallel(nn.Linear(3, 1))))
+    # With gradsync's class under torch's name, as torch's own DDP tests run it (conformance/torch_suite): before,
+    # refused as "already wrapped in torch's DistributedDataParallel".
+    torch_class, torch.nn.parallel.DistributedDataParallel = (
+        torch.nn.parallel.DistributedDataParallel,
+        gradsync.DistributedDataParallel,
+    )
+    try:
+        wrap = torch.nn.parallel.DistributedDataParallel
+        attempt("nested under torch's name", lambda: wrap(wrap(nn.Linear(3, 1)), static_graph=True))
+    finally:
+        torch.nn.parallel.DistributedDataParallel = torch_class
+    return said
+
+
+@pytest.mark.timeout(60)
+def test_functional_call_and_a_ddp_inside_a_ddp_as_torch_takes_them_or_refused_by_name() -> None:
+    """Behaviour matching torch's DDP is tests/test_torch_parity.py's (functional_call and nested_ddp recipes)."""
+    said = spawn(_swaps_and_nesting, timeout=50)[0]
+    assert "functional_call replaced parameter 'module.0.weight' of DistributedDataParallel" in said["some"], said
+    assert "find_unused_parameters=True" in said["some"], said
+    assert said["every"] == "accepted", said
+    assert "parameter '0.weight' (and 3 more) was replaced" in said["replaced after"], said
+    assert "gradient_as_bucket_view" in said["nested views"] and "'<root>'" in said["nested views"], said
+    assert said["nested"] == said["nested under torch's name"] == "accepted", said

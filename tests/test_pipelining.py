@@ -164,6 +164,103 @@ def test_torchs_own_stage_over_gradsyncs_ddp_is_refused_naming_the_import_to_cha
     assert "from gradsync.pipelining import PipelineStage" in failures[0].message
 
 
+def _torch_stage_after_a_plain_step(rank: int, world: int) -> None:
+    """A sanity check (one ordinary forward and backward of the wrapped stage) before torch's stage drives it: the
+    refusal held only at the first synced forward, and training then ran silently wrong."""
+    from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
+
+    torch.set_num_threads(1)
+    group = torch.distributed.new_group([0, 1])
+    ddp = gradsync.DistributedDataParallel(Block(), process_group=torch.distributed.new_group([rank]))
+    ddp(torch.randn(4, D)).sum().backward()
+    stage = PipelineStage(ddp, rank, 2, torch.device("cpu"), group=group)
+    runner = ScheduleGPipe(stage, 2, loss_fn=lambda output, target: output.sum())
+    x = torch.randn(4, D)
+    runner.step(x) if rank == 0 else runner.step(target=x)
+
+
+def test_torchs_own_stage_is_refused_after_an_ordinary_step_too() -> None:
+    failures = spawn_failures(_torch_stage_after_a_plain_step, world_size=2, timeout=60, pg_timeout=15)
+    assert failures[0].kind == "ConfigError", failures
+    assert "gradsync.pipelining.PipelineStage" in failures[0].message, failures[0].message
+
+
+def _ddp_over_the_pipeline_dimension(rank: int, world: int, spelling: str) -> dict[str, Any]:
+    """Two ranks, two stages of different values: DDP over the pipeline dimension would give stage 1 stage 0's
+    weights at construction, then deadlock at the first step."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from gradsync.pipelining import PipelineStage
+
+    torch.set_num_threads(1)
+    mesh = init_device_mesh("cpu", (1, 2), mesh_dim_names=("dp", "pp"))
+    block = _blocks(False)[rank]
+    before = _weights({rank: block})
+    try:
+        if spelling == "mesh":
+            ddp = gradsync.DistributedDataParallel(block, device_mesh=mesh["pp"])
+        else:
+            ddp = gradsync.DistributedDataParallel(block, process_group=mesh["pp"].get_group())
+        PipelineStage(ddp, rank, 2, torch.device("cpu"), group=mesh["pp"].get_group())
+    except gradsync.GradsyncError as error:
+        torch.distributed.barrier()  # no rank leaves (closing its sockets) while the other still connects its group
+        return {"error": str(error), "kept": _max_diff(_weights({rank: block}), before) == 0.0}
+    return {"error": None}
+
+
+@pytest.mark.parametrize("spelling", ["mesh", "process_group"])
+def test_ddp_over_the_pipeline_dimension_is_refused_naming_the_data_parallel_one(spelling: str) -> None:
+    results = spawn(_ddp_over_the_pipeline_dimension, world_size=2, args=(spelling,), timeout=60, pg_timeout=15)
+    for rank, result in enumerate(results):
+        assert result["error"] is not None, (rank, result)
+        assert "mesh['dp']" in result["error"], (rank, result)
+        if spelling == "mesh":  # refused by the mesh's name before rank 0's weights are broadcast
+            assert "device_mesh=mesh['pp'] names the pipeline dimension" in result["error"], result
+            assert result["kept"], (rank, result)
+        else:  # a bare group has no name: refused when the stage is built, naming the peers
+            assert "pipeline peers [" in result["error"], result
+
+
+def _bad_stage(rank: int, world: int, case: str) -> str:
+    from gradsync.pipelining import PipelineStage
+
+    torch.set_num_threads(1)
+    arguments = {
+        "stage_index off by one": (rank + 1, 2),
+        "stage_index one less": (rank - 1, 2),
+        "stage_index of the other rank": (1 - rank, 2),
+        "num_stages not a multiple": (rank, 3),
+        "num_stages zero": (0, 0),
+        "stage_index a float": (float(rank), 2),
+    }[case]
+    try:
+        PipelineStage(Block(), *arguments, torch.device("cpu"))
+        said = "accepted"
+    except gradsync.GradsyncError as error:
+        said = str(error)
+    torch.distributed.barrier()  # no rank leaves (closing its sockets) while the other still connects its group
+    return said
+
+
+BAD_STAGES = {
+    "stage_index off by one": "stage_index=",
+    "stage_index one less": "stage_index=-1: it must be an int in [0, 2)",
+    "stage_index of the other rank": "stage_index=",
+    "num_stages not a multiple": "num_stages=3 over a pipeline group of 2 ranks",
+    "num_stages zero": "num_stages=0: it must be a positive int",
+    "stage_index a float": ".0: it must be an int in [0, 2)",
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_STAGES))
+def test_a_stage_torchs_schedules_cannot_run_is_refused_at_construction(case: str) -> None:
+    """Before: a bare AssertionError on rank 0 (stage_index off by one), SIGABRT in gloo (num_stages=3 on 2 ranks)."""
+    said = spawn(_bad_stage, world_size=2, args=(case,), timeout=60, pg_timeout=15)
+    assert "accepted" not in said, said  # every rank's stage is wrong in each case
+    assert BAD_STAGES[case] in said[0], said[0]
+    assert all(message.startswith("gradsync: PipelineStage: ") for message in said), said
+
+
 def _save_stages(rank: int, world: int, path: str) -> None:
     from torch.distributed.device_mesh import init_device_mesh
 

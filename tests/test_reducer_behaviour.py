@@ -42,7 +42,7 @@ def test_buckets_launch_while_backward_still_runs() -> None:
         first_layer_ready = events.index(("ready", "0.weight"))
         launched_before = [e for e in events[:first_layer_ready] if e[0] == "launch"]
         # Every other layer's bucket was on the wire before backward reached the first layer (whose own bucket
-        # may launch just before this user hook, which runs after gradsync's on the same parameter).
+        # launches after this user hook: gradsync's runs after the parameter's own hooks, as torch's does).
         assert launched_before[:5] == [("launch", k) for k in range(5)], events
 
 
@@ -142,9 +142,10 @@ def _largest_difference(model: nn.Module, reference: nn.Module) -> float:
 
 
 def _loud_hooks(model: nn.Module) -> int:
-    """Parameters whose gradient hook runs Python: a quiet one's is its bucket's ``heard.append``, a C method."""
+    """Parameters whose gradient hook runs Python: a quiet one's is its bucket's ``heard.append``, a C method
+    registered as a post-accumulate-grad hook; a loud one's is a post hook of its gradient accumulator."""
     return sum(
-        any(not isinstance(h, types.BuiltinMethodType) for h in (p._post_accumulate_grad_hooks or {}).values())
+        not any(isinstance(h, types.BuiltinMethodType) for h in (p._post_accumulate_grad_hooks or {}).values())
         for p in model.parameters()
     )
 

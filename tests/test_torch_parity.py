@@ -303,6 +303,81 @@ def mesh(rank: int, wrap: Callable) -> dict:
     return _params_and_grads(model)
 
 
+class Mock(nn.Module):
+    """torch's test_stateless_api_with_ddp's module, one layer deeper."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.l1 = nn.Linear(8, 8)
+        self.l2 = nn.Linear(8, 1)
+        self.register_buffer("buffer", torch.ones(1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.l2(torch.tanh(self.l1(x))) + self.buffer
+
+
+def functional_call(rank: int, wrap: Callable, swapped: str, find_unused: bool) -> dict:
+    # torch.func.functional_call(ddp, tensors, x): the tensors stand in for the module's for one call and get their
+    # gradients locally, unaveraged; the module's own are untouched; the next ordinary step averages as always.
+    # "own": the module's own parameters passed (averaged); "some" (find_unused only): the rest are averaged.
+    torch.manual_seed(0)
+    model = Mock()
+    ddp = wrap(model, find_unused_parameters=find_unused)
+    names = {"all": ["l1.weight", "l1.bias", "l2.weight", "l2.bias"], "some": ["l1.weight"], "own": []}[swapped]
+    tensors = {f"module.{n}": (p.detach() * (rank + 2)).requires_grad_() for n, p in model.named_parameters()}
+    passed = {n: t for n, t in tensors.items() if n[len("module.") :] in names}
+    if swapped == "own":
+        passed = {f"module.{n}": p for n, p in model.named_parameters()}
+    passed["module.buffer"] = torch.zeros(1)
+    out = {"output": torch.func.functional_call(ddp, passed, _data(0, rank)).detach()}
+    torch.func.functional_call(ddp, passed, _data(1, rank)).sum().backward()
+    out.update({f"passed.{n}.grad": t.grad for n, t in passed.items() if n != "module.buffer" and swapped != "own"})
+    out.update({f"during.{k}": v for k, v in _params_and_grads(model).items()})
+    out["buffer"] = model.buffer.clone()
+    model.zero_grad()
+    ddp(_data(2, rank)).sum().backward()
+    out.update({f"after.{k}": v for k, v in _params_and_grads(model).items()})
+    return out
+
+
+class NestedOutputs(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Linear(8, 8)
+        self.lin = nn.Linear(8, 1, bias=False)
+
+    def forward(self, x: torch.Tensor, kind: str):
+        h = self.lin(torch.tanh(self.body(x)))
+        return {"a": h, "b": {"c": 2 * h}} if kind == "dict" else (h, [3 * h, h])
+
+
+def _total(output) -> torch.Tensor:
+    if isinstance(output, torch.Tensor):
+        return output.sum()
+    return sum(_total(v) for v in (output.values() if isinstance(output, dict) else output))
+
+
+def nested_ddp(rank: int, wrap: Callable, outer: dict) -> dict:
+    # torch's test_ddp_static_graph_nested_types: a DDP wrapping a DDP, each trained in turn (the outer's
+    # parameters are the inner's); both average the same parameters, .grad holds the average.
+    torch.manual_seed(0)
+    model = NestedOutputs()
+    inner = wrap(model)
+    both = wrap(inner, **outer)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    out = {}
+    for step in range(6):
+        for name, ddp in (("inner", inner), ("outer", both)):
+            kind = "dict" if step % 2 else "tuple"
+            opt.zero_grad()
+            output = ddp(_data(step, rank), kind)
+            assert isinstance(output, dict if step % 2 else tuple)
+            _total(output).backward()
+            out.update({f"{step}.{name}.{k}": v for k, v in _params_and_grads(model).items()})
+            opt.step()
+    return out
+
+
 RECIPES: dict[str, Callable] = {
     f.__name__: f
     for f in (
@@ -320,6 +395,8 @@ RECIPES: dict[str, Callable] = {
         skip_unused,
         backward_twice,
         mesh,
+        functional_call,
+        nested_ddp,
     )
 }
 
@@ -361,6 +438,13 @@ CASES = [
     ("skip_unused", ()),
     ("backward_twice", ()),
     ("mesh", ()),
+    ("functional_call", ("all", False)),
+    ("functional_call", ("all", True)),
+    ("functional_call", ("some", True)),
+    ("functional_call", ("own", False)),
+    ("nested_ddp", ({},)),
+    ("nested_ddp", ({"static_graph": True},)),
+    ("nested_ddp", ({"find_unused_parameters": True},)),
 ]
 
 

@@ -34,7 +34,8 @@ class ModuleCall:
 
     inputs: tuple
     kwargs: dict[str, Any]
-    synced: bool  # this forward's backward averages gradients
+    synced: bool  # a synced forward (grad enabled, not under no_sync): the reducer's steps, and the buffers' rule
+    averages: bool = True  # its backward averages (not where functional_call replaced every parameter)
     scale: float = 1.0
     frames_split: int = 0  # GraphSplit.frames_split before the call: more after it means dynamo compiled here
     outer_split: object = None
@@ -55,7 +56,7 @@ class ForwardSteps:
         reducer: Reducer,
         params: Sequence[nn.Parameter],
         frozen: Sequence[tuple[str, nn.Parameter]],
-        first_forward_check: Callable[[], None],
+        in_use: Callable[[], bool],
     ) -> None:
         self._collectives = collectives
         self._join = join
@@ -67,7 +68,7 @@ class ForwardSteps:
         self._progress = progress.progress_reporter() or _no_progress  # gradsync run --watchdog
         self.graph_split = compiled.GraphSplit(reducer.steady_bucket_cap)
         self._unsplit_checked = False
-        self._first_forward_check: Callable[[], None] | None = first_forward_check
+        self._in_use = in_use
 
     def attach_recorder(self, recorder: Recorder) -> None:
         """Report each synced forward's start and end to ``recorder``."""
@@ -93,7 +94,7 @@ class ForwardSteps:
         try:
             broadcast = self._collectives.broadcast_due(*buffers)
             if call.synced:
-                self._begin_synced()
+                call.averages = self._begin_synced()
             call.scale = self._join.notify(call.synced, broadcast)
             self._collectives.issue(call.synced, broadcast)
             if device_ids is not None:
@@ -106,18 +107,15 @@ class ForwardSteps:
         call.outer_split = compiled.engage(self.graph_split)
         return call
 
-    def _begin_synced(self) -> None:
-        """A synced step's first eager steps, before its collectives: with or without a call of the module."""
-        self._check_first_forward()
+    def _begin_synced(self) -> bool:
+        """A synced step's first eager steps, before its collectives: with or without a call of the module. Returns
+        whether its backward averages (:class:`~gradsync.ddp.composition.InUse`, which refuses what construction
+        could not see: torch's own pipeline stage calling, parameters replaced after wrapping)."""
+        averages = self._in_use()
         self._recorder.forward_start()
         self._progress()
         self._check_still_frozen()
-
-    def _check_first_forward(self) -> None:
-        """What only the first synced forward can see (a look up the stack, the parameters against the module's)."""
-        check, self._first_forward_check = self._first_forward_check, None
-        if check is not None:
-            check()
+        return averages
 
     def _check_still_frozen(self) -> None:
         """A parameter frozen at construction has no hook and no bucket: unfrozen later, its gradients would stay
@@ -142,10 +140,13 @@ class ForwardSteps:
             self._reducer.compiled_in_pieces()
         if call.synced:
             self._recorder.forward_end()
+        if call.synced and call.averages:
             outputs = list(iter_tensors(output))
             self._warn_if_compiled_unsplit(outputs)
             output = self._arm(output, outputs, call.scale)
         elif torch.is_grad_enabled():
+            # no_sync, or functional_call's tensors in place of every parameter: none of DDP's hooks will fire, and
+            # torch's reducer, armed, hears none either (a static graph learns at the next step, not from this one).
             self._reducer.skip_next_backward()
         return output
 

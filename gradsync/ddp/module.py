@@ -33,7 +33,7 @@ from gradsync.ddp.arguments import (
     warn_deprecated,
 )
 from gradsync.ddp.buffers import BufferSync
-from gradsync.ddp.composition import check_composition, refuse_replaced_parameters, refuse_torch_pipeline_stage
+from gradsync.ddp.composition import InUse, check_composition
 from gradsync.ddp.forward_collectives import ForwardCollectives
 from gradsync.ddp.forward_steps import ForwardSteps, ModuleCall
 from gradsync.ddp.join_protocol import JoinProtocol
@@ -116,7 +116,7 @@ class DistributedDataParallel(nn.Module, Joinable):
             skip_all_reduce_unused_params,
         )
         self._process_group = group_of(process_group, device_mesh)  # None: the default group
-        check_composition(module, self._process_group, device_mesh is not None)
+        check_composition(module, self._process_group, device_mesh, gradient_as_bucket_view, DistributedDataParallel)
         self.device_mesh = device_mesh
         self.device_ids, self.output_device = device_indices(device_ids, output_device)
         check_device_types(module, {"device_ids": device_ids, "output_device": output_device})
@@ -199,15 +199,8 @@ class DistributedDataParallel(nn.Module, Joinable):
         self._plan_before_regroup: tuple[list[int], list[int]] | None = None
         collectives = ForwardCollectives(self._comm, buffer_sync, self.reducer)
         self._join_protocol = JoinProtocol(self, self._comm, collectives, self.reducer, self.module, config.ignored)
-        self._forward_steps = ForwardSteps(
-            collectives, self._join_protocol, self.reducer, self._params, frozen, lambda: self._check_in_use(named)
-        )
-
-    def _check_in_use(self, named: list[tuple[str, nn.Parameter]]) -> None:
-        """At the first synced forward: refuse what construction could not see (composition.py)."""
-        rank = self._comm.rank
-        refuse_torch_pipeline_stage(rank)
-        refuse_replaced_parameters(self.module, named, rank)
+        in_use = InUse(self.module, named, self._comm.rank, self.find_unused_parameters)
+        self._forward_steps = ForwardSteps(collectives, self._join_protocol, self.reducer, self._params, frozen, in_use)
 
     def rebuild_for_new_group(self) -> None:
         """After the default process group was replaced (gradsync.elastic forms one per membership round): a new

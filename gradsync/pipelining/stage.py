@@ -21,12 +21,14 @@ are averaged then, whole, without overlap, and the result is the same.
 from __future__ import annotations
 
 import contextlib
+import inspect
 from collections.abc import Iterator
 from typing import Any
 
 import torch
 
 from gradsync.ddp.module import DistributedDataParallel
+from gradsync.pipelining.arguments import check_stage
 from gradsync.torch_private.pipelining import pipeline_stage_type
 
 _TorchPipelineStage: Any = pipeline_stage_type()
@@ -45,6 +47,13 @@ class PipelineStage(_TorchPipelineStage):  # type: ignore[misc]
         stage = PipelineStage(ddp, stage_index, 2, device, group=mesh["pp"].get_group())
         schedule = ScheduleGPipe(stage, n_microbatches=4, loss_fn=loss_fn)
     """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        # Checked before torch's stage takes them: a wrong stage_index or num_stages otherwise ends in a bare
+        # AssertionError, a deadlock or a gloo abort at the first step (gradsync/pipelining/arguments.py).
+        bound = inspect.signature(_TorchPipelineStage.__init__).bind(self, *args, **kwargs).arguments
+        check_stage(bound.get("submodule"), bound.get("stage_index"), bound.get("num_stages"), bound.get("group"))
+        super().__init__(*args, **kwargs)
 
     def _data_parallel(self) -> DistributedDataParallel | None:
         return self.submod if isinstance(self.submod, DistributedDataParallel) else None

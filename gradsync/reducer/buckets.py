@@ -179,13 +179,12 @@ class Bucket:
     def lend_back(self) -> bool:
         """The averages into ``.grad``, the large ones by lending their slots (:mod:`.lending`), the small ones in
         one fused copy. False, with nothing done, where a parameter has no gradient (:func:`write_back` handles it)."""
-        grads = [p.grad for p in self.params]
-        if any(g is None for g in grads):
+        if any(p.grad is None for p in self.params):
             return False
         n = self._n_large
-        lend(grads[:n], self.views[:n])  # type: ignore[arg-type]
-        if n < len(grads):
-            torch_private.foreach_copy_(grads[n:], self._small_views)  # type: ignore[arg-type]
+        lend(self.params[:n], self.views[:n])  # holding no .grad: lending counts who holds each
+        if n < len(self.params):
+            torch_private.foreach_copy_([p.grad for p in self._small_params], self._small_views)  # type: ignore[misc]
         return True
 
     def _gather(self, grads: list[torch.Tensor | None], divisor: int | None) -> None:

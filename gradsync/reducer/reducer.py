@@ -1,6 +1,7 @@
 """The reducer: gradient hooks, the phase of the current step, the bucket layout, and the extension points.
 
-Each parameter gets one post-accumulate-grad hook, which calls what the current step's :class:`~.step.Phase` says a
+Each parameter gets one hook, a post hook of its gradient accumulator (so it runs after the parameter's own hooks,
+as torch's reducer's does), which calls what the current step's :class:`~.step.Phase` says a
 ready gradient means; :meth:`Reducer._follow` is the one place that decides it:
 
 ==================================  =========================================================================
@@ -96,9 +97,9 @@ class Reducer:
         self.iteration = 0  # synced backward passes completed (a joined rank's shadows included)
         self._on_ready: ready.ReadyFunction
         self._follow(None)
-        self._handles = [
-            p.register_post_accumulate_grad_hook(self._make_hook(i)) for i, p in enumerate(self._local.params)
-        ]
+        # Each parameter's gradient accumulator, held so that its hooks stay (the parameter holds it only weakly).
+        self._accumulators = [torch.autograd.graph.get_gradient_edge(p).node for p in self._local.params]
+        self._handles = [self._accumulators[i].register_hook(self._make_hook(i)) for i in range(len(self.params))]
         self._quiet: list[AnyBucket | None] = [None] * len(self.params)  # the bucket a quiet hook notes into
         self._order_changed = False  # a quiet parameter fired after its bucket's last: every hook stays loud
         self._lending = Lending(settings.lending())
@@ -127,6 +128,7 @@ class Reducer:
         """Remove every gradient hook: this reducer stops averaging (its model is being given a new one)."""
         for handle in self._handles:
             handle.remove()
+        self._accumulators = []
 
     def steady_bucket_cap(self) -> int:
         """The byte cap of every bucket after the first: the current layout's once rebuilt, else the configured one
@@ -221,10 +223,16 @@ class Reducer:
                 self._rehook(i, bucket)
 
     def _rehook(self, i: int, bucket: AnyBucket | None) -> None:
-        """Parameter i's hook becomes ``bucket.heard.append`` (quiet), or its own (``bucket`` None)."""
+        """Parameter i's hook becomes ``bucket.heard.append`` (quiet), or its own (``bucket`` None).
+
+        A quiet hook only notes that the gradient was accumulated (a post-accumulate-grad hook, a C function that
+        is handed the parameter); its gradient is read when the bucket's last-ready parameter's own hook runs, by
+        which time every hook of the quiet one has run."""
         self._handles[i].remove()
-        hook = self._make_hook(i) if bucket is None else bucket.heard.append
-        self._handles[i] = self._local.params[i].register_post_accumulate_grad_hook(hook)
+        if bucket is None:
+            self._handles[i] = self._accumulators[i].register_hook(self._make_hook(i))
+        else:
+            self._handles[i] = self._local.params[i].register_post_accumulate_grad_hook(bucket.heard.append)
         self._quiet[i] = bucket
 
     def _hear_late(self, late: list[int]) -> None:
@@ -330,17 +338,21 @@ class Reducer:
             torch_private.queue_backward_callback(self._end_of_backward)
 
     # ------------------------------------------------------------------------------------ the hooks' side
-    def _make_hook(self, index: int) -> Callable[[torch.Tensor], None]:
+    def _make_hook(self, index: int) -> Callable[[Any, Any], None]:
+        """Parameter ``index``'s hook, a post hook of its gradient accumulator (autograd's AccumulateGrad node), as
+        torch's reducer registers it (``Reducer::Reducer``, ``add_post_hook``): it runs once the gradient is
+        accumulated and after every hook of the parameter's own (``register_hook``, and post-accumulate-grad hooks
+        whenever registered), so the bucket gets what those hooks left in ``.grad``."""
         if self._local.is_sharded(index):
             bring_in = self._local.bring_in
 
-            def sharded_hook(_param: torch.Tensor) -> None:
+            def sharded_hook(_grad_inputs: Any, _grad_outputs: Any) -> None:
                 bring_in(index)  # the DTensor's gradient, as its local shard (local_params.py)
                 self._on_ready(index)
 
             return sharded_hook
 
-        def hook(_param: torch.Tensor) -> None:
+        def hook(_grad_inputs: Any, _grad_outputs: Any) -> None:
             self._on_ready(index)
 
         return hook

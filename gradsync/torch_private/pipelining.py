@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import inspect
 import sys
-from types import FrameType
+from types import CodeType
 
 from gradsync.errors import GradsyncError
 
@@ -37,24 +37,15 @@ def pipeline_stage_type() -> type:
     return PipelineStage
 
 
-def torch_stage_calling() -> str | None:
-    """The class of a torch pipeline stage calling the model through torch's own forward path, looked for up the
-    stack (the frame running 2.13's ``forward_maybe_with_nosync`` or ``_compute_outputs`` as torch wrote them), or
-    None. Free where torch's pipelining was never imported."""
+def torch_stage_forward_codes() -> frozenset[CodeType]:
+    """The code of torch's stage methods that call the stage's module through torch's own path (2.13's
+    ``forward_maybe_with_nosync`` and ``_compute_outputs`` as torch wrote them: gradsync's stage overrides both), for
+    :mod:`gradsync.ddp.callers` to look for up the stack. Empty, and free, where torch's pipelining was never
+    imported."""
     stage_module = sys.modules.get("torch.distributed.pipelining.stage")
     stage_type = getattr(stage_module, "PipelineStage", None)
     if stage_type is None:
-        return None
-    codes = {getattr(getattr(stage_type, name, None), "__code__", None) for name in FORWARDS}
-    frame: FrameType | None = sys._getframe(1)
-    for _ in range(_FRAMES_UP):
-        if frame is None:
-            return None
-        if frame.f_code in codes:
-            return type(frame.f_locals.get("self")).__name__
-        frame = frame.f_back
-    return None
-
-
-# From the model's forward steps up to the stage: nn.Module's call, DDP's forward, its eager steps (about 13 in 2.13).
-_FRAMES_UP = 24
+        return frozenset()
+    return frozenset(
+        code for code in (getattr(getattr(stage_type, name, None), "__code__", None) for name in FORWARDS) if code
+    )

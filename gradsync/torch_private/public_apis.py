@@ -32,6 +32,13 @@ PUBLIC_APIS: tuple[PublicApi, ...] = (
         attribute("torch.Tensor.register_post_accumulate_grad_hook"),
     ),
     PublicApi(
+        "torch.autograd.graph.get_gradient_edge",
+        "2.2",
+        f"resolved in 2.13.0; {READ}: torch/autograd/graph.py (the reducer hooks the node it returns, a parameter's "
+        "AccumulateGrad, as torch's reducer does)",
+        attribute("torch.autograd.graph.get_gradient_edge"),
+    ),
+    PublicApi(
         "torch.compiler.disable(fn, recursive=False)",
         "2.1",
         _PUBLIC_HOW + ": torch/compiler/__init__.py",

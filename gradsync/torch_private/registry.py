@@ -62,6 +62,17 @@ PRIVATE_NAMES: tuple[PrivateName, ...] = (
         seam="speed",
     ),
     PrivateName(
+        "torch.Tensor._use_count",
+        ("gradsync/torch_private/storage.py",),
+        "tells whether a fresh gradient's own TensorImpl has an owner besides its parameter (a DLPack export holds "
+        "it, not its storage) before a slot is lent to it",
+        ("2.13.0",),
+        "run in 2.13.0 (tests/test_lending.py); torch/utils/__init__.py's swap_tensors reads it too",
+        attribute("torch.Tensor._use_count"),
+        fallback="nothing is lent: averages are copied back into .grad, as torch's reducer does",
+        seam="speed",
+    ),
+    PrivateName(
         "torch._foreach_mul_",
         ("gradsync/reducer/layout.py",),
         "scales every dense bucket by one number in one kernel launch",
