@@ -233,6 +233,15 @@ def check_device_types(module: nn.Module, arguments: Mapping[str, Any]) -> None:
             "needs them on one: move the whole module to one device (module.to(device)) and run one process per "
             "device. Multi-device model parallelism inside one DDP process is not supported."
         )
+    where = {p.device.type for p in module.parameters()}
+    for argument, value in arguments.items():
+        for device in value if isinstance(value, Sequence) and not isinstance(value, str) else [value]:
+            kind = torch.device(device).type if isinstance(device, (str, torch.device)) else None
+            if kind is not None and kind not in where:
+                raise ConfigError(
+                    f"{argument}={value!r} names a {kind} device but the module's parameters are on "
+                    f"{', '.join(sorted(where))}: move the module first (module.to({str(device)!r})), then wrap it"
+                )
     trained_on = {p.device.type for p in module.parameters() if p.requires_grad}
     if trained_on == {"cpu"} and any(arguments.values()):
         # torch's rule (DistributedDataParallel.__init__: "device_ids and output_device arguments only work with
@@ -243,15 +252,6 @@ def check_device_types(module: nn.Module, arguments: Mapping[str, Any]) -> None:
             "GPU module (torch's rule): drop them for a CPU module, or move the module to its GPU first "
             "(module.to(local_rank)) and pass device_ids=[local_rank]"
         )
-    where = {p.device.type for p in module.parameters()}
-    for argument, value in arguments.items():
-        for device in value if isinstance(value, Sequence) and not isinstance(value, str) else [value]:
-            kind = torch.device(device).type if isinstance(device, (str, torch.device)) else None
-            if kind is not None and kind not in where:
-                raise ConfigError(
-                    f"{argument}={value!r} names a {kind} device but the module's parameters are on "
-                    f"{', '.join(sorted(where))}: move the module first (module.to({str(device)!r})), then wrap it"
-                )
 
 
 def device_index(device: int | str | torch.device, argument: str) -> int:
