@@ -7,6 +7,7 @@ import math
 import numbers
 
 from gradsync.errors import ConfigError
+from gradsync.settings import MAX_SECONDS
 
 
 def require_int(where: str, name: str, value: object, minimum: int) -> int:
@@ -23,6 +24,18 @@ def require_number(where: str, name: str, value: object, minimum: float) -> floa
     """``value`` if it is a finite real number >= ``minimum``, else a :class:`ConfigError` naming ``name``."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real) or not minimum <= float(value) < math.inf:
         raise ConfigError(f"{where}: {name} must be a number >= {minimum:g}, got {type(value).__name__} {value!r}")
+    return float(value)
+
+
+def require_seconds(where: str, name: str, value: object) -> float:
+    """``value`` if it is a number of seconds > 0 and at most ``settings.MAX_SECONDS``, else a :class:`ConfigError`
+    naming ``name``: NaN would never fire, 0 or less at once, inf or 1e30 overflow a ``timedelta`` or gloo's timeout
+    (the same rule as the ``GRADSYNC_*_TIMEOUT`` variables, gradsync/settings.py)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 < float(value) <= MAX_SECONDS:
+        raise ConfigError(
+            f"{where}: {name} must be a number of seconds > 0 and at most {MAX_SECONDS:.0e}, got "
+            f"{type(value).__name__} {value!r:.60}"
+        )
     return float(value)
 
 

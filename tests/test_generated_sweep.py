@@ -79,11 +79,25 @@ def test_every_flag_key_and_variable_has_wrong_values_or_a_reason() -> None:
 def test_this_slices_surfaces_refuse_every_wrong_value_clearly(tmp_path: Path) -> None:
     """Wrong values on comm, optim, data, nn, checkpoint and settings: each a clear error when given; each valid
     baseline (of every surface) accepted. Other surfaces' findings are the full run's (conformance/results/)."""
+    cases, bad = _swept(tmp_path, "mine,(baseline)")
+    assert len(cases) > 300
+    assert not bad, "\n".join(bad)
+
+
+def test_the_cli_elastic_observe_and_integrations_refuse_every_wrong_value_clearly(tmp_path: Path) -> None:
+    """Every gradsync run / doctor flag, --rdzv-conf key, and elastic, observe, runtime and integrations argument:
+    each wrong value a clear error when given (one line and exit 2 for a command)."""
+    cases, bad = _swept(tmp_path, "cli,elastic,observe,runtime,integrations")
+    assert len(cases) > 250
+    assert not bad, "\n".join(bad)
+
+
+def _swept(tmp_path: Path, select: str) -> tuple[list[dict], list[str]]:
+    """The generated sweep's cases selected by ``select`` (its -k), and those neither clear nor accepted."""
     out = tmp_path / "sweep.json"
-    argv = [sys.executable, "-m", "conformance.sweep.generated", "-k", "mine,(baseline)", "--out", str(out)]
+    argv = [sys.executable, "-m", "conformance.sweep.generated", "-k", select, "--out", str(out)]
     subprocess.run(argv, cwd=ROOT, check=True, timeout=900, stdout=subprocess.DEVNULL)
     cases = json.loads(out.read_text())["cases"]
     bad = [f"[{c['class']}] {c['name']}: {'; '.join(c.get('problems', []))} {c['message'][:300]}"
            for c in cases if c["class"] not in ("clear", "accepted")]  # fmt: skip
-    assert len(cases) > 300
-    assert not bad, "\n".join(bad)
+    return cases, bad

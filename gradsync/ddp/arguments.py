@@ -34,6 +34,34 @@ def refuse_unsupported(unsupported: Mapping[str, Any]) -> None:
         raise TypeError(f"gradsync.DistributedDataParallel: unexpected argument '{name}' ({hint})")
 
 
+def refuse_string_switches(switches: Mapping[str, object]) -> None:
+    """torch's DDP reads its switches' truth, so it takes any object for them; but a string is never meant: a value
+    from a config file, ``find_unused_parameters="false"``, is true in Python. Refused by name."""
+    for name, value in switches.items():
+        if isinstance(value, (str, bytes)):
+            raise ConfigError(
+                f"DistributedDataParallel: {name} must be True or False, got str {value!r}: a string is true whatever "
+                f"it says; pass {name}={str(value).strip().lower() in ('1', 'true', 'yes', 'on')}"
+            )
+
+
+def check_cap_list(cap_list: object) -> None:
+    """``bucket_cap_mb_list``: None, or one cap per bucket (MiB). torch takes an empty list for "not given", and
+    iterates a number (a TypeError): both are a mistake for ``bucket_cap_mb``'s one cap."""
+    if cap_list is None:
+        return
+    if not isinstance(cap_list, Sequence) or isinstance(cap_list, (str, bytes)):
+        raise ConfigError(
+            f"bucket_cap_mb_list must be a list of caps in MiB, one per bucket (e.g. [1, 25]), got "
+            f"{type(cap_list).__name__} {cap_list!r:.60}: for one cap for every bucket, pass bucket_cap_mb instead"
+        )
+    if len(cap_list) == 0:
+        raise ConfigError(
+            "bucket_cap_mb_list=[] holds no cap (torch takes it as not given): pass one cap in MiB per bucket, "
+            "e.g. [1, 25], or leave it None and set bucket_cap_mb"
+        )
+
+
 def check_hook_signature(hook: object) -> None:
     """torch's ``_check_comm_hook`` checks the type; this also checks the hook takes ``(state, bucket)``, which would
     otherwise fail at the first bucket, deep inside backward."""
@@ -77,6 +105,7 @@ class Config:
         their environment defaults (``GRADSYNC_BUCKET_TUNING``, ``GRADSYNC_DEBUG``), read here and nowhere else."""
         if not isinstance(module, nn.Module):
             raise TypeError(f"gradsync.DistributedDataParallel wraps an nn.Module, got {type(module).__name__}")
+        check_cap_list(caps[1])
         if not dist.is_available() or not dist.is_initialized():
             raise ConfigError(
                 "DistributedDataParallel needs an initialised process group: call gradsync.init() or "
@@ -213,6 +242,16 @@ def check_device_types(module: nn.Module, arguments: Mapping[str, Any]) -> None:
                     f"{argument}={value!r} names a {kind} device but the module's parameters are on "
                     f"{', '.join(sorted(where))}: move the module first (module.to({str(device)!r})), then wrap it"
                 )
+    trained_on = {p.device.type for p in module.parameters() if p.requires_grad}
+    if trained_on == {"cpu"} and any(arguments.values()):
+        # torch's rule (DistributedDataParallel.__init__: "device_ids and output_device arguments only work with
+        # single-device/multiple-device GPU modules or CPU modules"): a CPU module takes neither.
+        given = ", ".join(f"{k}={v!r}" for k, v in arguments.items() if v)
+        raise ConfigError(
+            f"{given}: the module's parameters are on the CPU, and device_ids and output_device only work with a "
+            "GPU module (torch's rule): drop them for a CPU module, or move the module to its GPU first "
+            "(module.to(local_rank)) and pass device_ids=[local_rank]"
+        )
 
 
 def device_index(device: int | str | torch.device, argument: str) -> int:

@@ -29,6 +29,7 @@ from gradsync.ddp.arguments import (
     check_hook_signature,
     device_indices,
     group_of,
+    refuse_string_switches,
     refuse_unsupported,
     warn_deprecated,
 )
@@ -123,6 +124,21 @@ class DistributedDataParallel(nn.Module, Joinable):
         super().__init__()
         Joinable.__init__(self)
         refuse_unsupported(unsupported)
+        refuse_string_switches(
+            {
+                "broadcast_buffers": broadcast_buffers,
+                "init_sync": init_sync,
+                "find_unused_parameters": find_unused_parameters,
+                "check_reduction": check_reduction,
+                "gradient_as_bucket_view": gradient_as_bucket_view,
+                "static_graph": static_graph,
+                "skip_all_reduce_unused_params": skip_all_reduce_unused_params,
+                "batched_grad_copy": batched_grad_copy,
+                "forward_sync_buffers": forward_sync_buffers,
+                "bucket_tuning": bucket_tuning,
+                "check_desync": check_desync,
+            }
+        )
         warn_deprecated(broadcast_buffers, forward_sync_buffers, check_reduction)
         self.module = module
         self._config = Config.of(

@@ -8,6 +8,7 @@ command they mean to run.
 
 from __future__ import annotations
 
+import argparse
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -44,10 +45,13 @@ class Job:
 
 def parse(argv: Sequence[str], environ: dict[str, str] | None = None) -> tuple[Job, bool]:
     """(the job these flags describe, whether --json was given)."""
-    p = run_flags.parser(prog="gradsync doctor", script=False)
-    p.description = "Check this machine for a job with these gradsync run flags; exit 1 if the job would fail."
-    p.add_argument("--json", action="store_true", help="print the checks as a JSON list instead of a table")
-    args, rest = p.parse_known_args(list(argv))
+    p = _parser()
+    try:
+        args, rest = p.parse_known_args(list(argv))
+        refused = _refused(args, list(argv))
+    except ConfigError as error:  # a value the parser refuses: the flags check fails on it, the rest still run
+        refused = error.message
+        args, rest = _lenient(p).parse_known_args(list(argv))
     environ = dict(os.environ if environ is None else environ)
     script = [args.training_script, *(args.training_script_args or [])] if args.training_script else []
     job = Job(
@@ -61,9 +65,24 @@ def parse(argv: Sequence[str], environ: dict[str, str] | None = None) -> tuple[J
         job_name=args.rdzv_id,
         gloo_ifname=environ.get(GLOO_IFNAME_VARIABLE) or None,
         ignored=(*rest, *script),
-        refused=_refused(args, list(argv)),
+        refused=refused,
     )
     return job, args.json
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = run_flags.parser(prog="gradsync doctor", script=False)
+    p.description = "Check this machine for a job with these gradsync run flags; exit 1 if the job would fail."
+    p.add_argument("--json", action="store_true", help="print the checks as a JSON list instead of a table")
+    return p
+
+
+def _lenient(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """``p`` taking every value as text (no type, no choices): the job the other checks read, where a value was
+    refused (that refusal is the flags check's)."""
+    for action in p._actions:
+        action.type, action.choices = None, None
+    return p
 
 
 def _refused(args, argv: list[str]) -> str | None:

@@ -22,8 +22,9 @@ from typing import Any
 import torch.distributed as dist
 from torch.utils.data import default_collate
 
-from gradsync.data.sampler import epoch_order
+from gradsync.data.sampler import epoch_order, require_plain_int
 from gradsync.errors import ConfigError
+from gradsync.validate import require_bool, require_callable, require_state
 
 
 class ElasticLoader:
@@ -60,8 +61,12 @@ class ElasticLoader:
             )
         self.dataset = dataset
         self.batch_size = batch_size
+        # The sampler's rules (gradsync/data/sampler.py): a seed is an int (torch.Generator.manual_seed's), shuffle a
+        # bool (the string "false" is true), collate_fn is called with each batch's samples.
+        require_plain_int("ElasticLoader", "seed", seed)
         self.seed = seed
-        self.shuffle = shuffle
+        self.shuffle = require_bool("ElasticLoader", "shuffle", shuffle)
+        require_callable("ElasticLoader", "collate_fn", collate_fn)
         self.collate_fn = collate_fn
         self.epoch = 0
         self.position = 0  # samples of this epoch consumed by committed steps (all ranks together)
@@ -141,6 +146,7 @@ class ElasticLoader:
         return {"epoch": self.epoch, "position": self.position, "seed": self.seed, "dataset_len": len(self.dataset)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        state = require_state("ElasticLoader.load_state_dict", state, ("epoch", "position", "seed", "dataset_len"))
         if state.get("dataset_len") != len(self.dataset) or state.get("seed") != self.seed:
             raise ConfigError("ElasticLoader.load_state_dict: the state is for another dataset or seed")
         self.epoch, self.position = int(state["epoch"]), int(state["position"])

@@ -37,6 +37,7 @@ from gradsync.elastic.membership import Membership
 from gradsync.elastic.phases import Phases
 from gradsync.errors import CollectiveError, ConfigError, GradsyncError
 from gradsync.log import log
+from gradsync.validate import require_callable
 
 T = TypeVar("T")
 REJOIN_VARIABLE = "GRADSYNC_ELASTIC_REJOIN"  # set by the launcher on a restarted worker
@@ -288,6 +289,8 @@ def run(train: Callable[..., T]) -> Callable[..., T | None]:
 
         train(gradsync.elastic.State(job, model=ddp, optimizer=opt, loader=loader, epoch=0))
     """
+    # Refused when decorated: functools.wraps would take anything, and the mistake show only at the first call.
+    require_callable("elastic.run", "train (the training function it decorates)", train)
 
     @functools.wraps(train)
     def wrapper(state: State, *args: Any, **kwargs: Any) -> T | None:

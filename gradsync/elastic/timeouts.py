@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gradsync import settings
+from gradsync.validate import require_seconds
 
 
 @dataclass(frozen=True)
@@ -26,6 +27,11 @@ class Timeouts:
     heartbeat: float = 10.0
     collective: float = 10.0
     admission: float = 600.0
+
+    def __post_init__(self) -> None:
+        # Checked when built, not when the first heartbeat is late: NaN would never count a member lost, 0 at once.
+        for name in ("heartbeat", "collective", "admission"):
+            object.__setattr__(self, name, require_seconds("elastic.Timeouts", name, getattr(self, name)))
 
     @classmethod
     def read(cls, heartbeat: float, collective: float | None, admission: float) -> Timeouts:

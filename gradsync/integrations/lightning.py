@@ -34,6 +34,7 @@ from torch.nn import Module
 from gradsync.ddp import DistributedDataParallel
 from gradsync.errors import ConfigError
 from gradsync.observe import Monitor
+from gradsync.validate import require_bool
 
 
 class GradsyncStrategy(DDPStrategy):
@@ -53,7 +54,7 @@ class GradsyncStrategy(DDPStrategy):
 
     def __init__(self, *args: Any, monitor: bool = False, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._monitor_wanted = monitor
+        self._monitor_wanted = require_bool("GradsyncStrategy", "monitor", monitor)  # "false" would attach one
         self.monitor: Monitor | None = None
 
     def _setup_model(self, model: Module) -> DistributedDataParallel:  # type: ignore[override]

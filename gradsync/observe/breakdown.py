@@ -7,7 +7,9 @@ import dataclasses
 import statistics
 from collections.abc import Mapping, Sequence
 
+from gradsync.observe.arguments import require_per_rank, require_steps
 from gradsync.observe.recorder import StepRecord
+from gradsync.validate import require_int
 
 
 @dataclasses.dataclass
@@ -80,6 +82,8 @@ def median_breakdown(steps: Sequence[StepRecord], skip_first: int = 1) -> StepBr
         per_rank = monitor.gather()              # {rank: [StepRecord, ...]}, on every rank (a collective)
         print(median_breakdown(per_rank[0]))     # rank 0's median step, its first (the rebuild's) left out
     """
+    require_steps("median_breakdown", "steps", steps)
+    require_int("median_breakdown", "skip_first", skip_first, minimum=0)
     items = breakdowns(steps)
     items = items[skip_first:] if len(items) > skip_first else items
     if not items:
@@ -106,6 +110,7 @@ def arrivals(per_rank: Mapping[int, Sequence[StepRecord]]) -> list[Arrival]:
         for arrival in arrivals(monitor.gather())[:3]:   # who reached each bucket's all-reduce last, and how late
             print(arrival)
     """
+    require_per_rank("arrivals", per_rank)
     out = []
     n_steps = min((len(s) for s in per_rank.values()), default=0)
     for i in range(n_steps):
@@ -129,7 +134,7 @@ def slowest_rank(per_rank: Mapping[int, Sequence[StepRecord]]) -> tuple[int, flo
             rank, late = found
             print(f"rank {rank} arrives last, {late * 1e3:.1f} ms late (median)")
     """
-    found = arrivals(per_rank)
+    found = arrivals(require_per_rank("slowest_rank", per_rank))
     if not found:
         return None
     counts: dict[int, list[float]] = {}

@@ -13,10 +13,11 @@ import torch
 import torch.distributed as dist
 
 from gradsync.collectives.communicator import Op
+from gradsync.errors import ConfigError
 from gradsync.observe.breakdown import StepBreakdown, median_breakdown
 from gradsync.observe.recorder import StepRecord, StepRecorder
 from gradsync.observe.trace import write_chrome_trace
-from gradsync.validate import require_ddp
+from gradsync.validate import require_ddp, require_int
 
 
 class Monitor:
@@ -33,6 +34,13 @@ class Monitor:
 
     def __init__(self, ddp: Any, optimizer: torch.optim.Optimizer | None = None, max_steps: int = 10_000) -> None:
         require_ddp("Monitor", ddp)
+        require_int("Monitor", "max_steps", max_steps, minimum=1)
+        # What it uses of an optimizer: torch.optim.Optimizer's step hooks (a wrapper that has them will do).
+        if optimizer is not None and not callable(getattr(optimizer, "register_step_pre_hook", None)):
+            raise ConfigError(
+                f"Monitor: optimizer must be a torch.optim.Optimizer (its steps are timed) or None, got "
+                f"{type(optimizer).__name__} {optimizer!r:.60}"
+            )
         self.ddp = ddp
         device = next(ddp.module.parameters(), torch.empty(0)).device  # whose clock times the steps
         self.recorder = StepRecorder(max_steps, device)

@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from gradsync.errors import ConfigError
+from gradsync.observe.arguments import require_per_rank
 from gradsync.observe.recorder import BucketRecord, StepRecord
 
 
@@ -34,6 +35,7 @@ def chrome_trace(per_rank: Mapping[int, Sequence[StepRecord]]) -> dict[str, Any]
         trace = chrome_trace(monitor.gather())   # on every rank (gather is a collective)
         print(len(trace["traceEvents"]), "events")
     """
+    require_per_rank("chrome_trace", per_rank)
     starts = [s.forward_start for steps in per_rank.values() for s in steps if s.forward_start]
     origin = min(starts, default=0.0)
     events: list[dict[str, Any]] = []
@@ -78,8 +80,17 @@ def write_chrome_trace(per_rank: Mapping[int, Sequence[StepRecord]], path: str |
 
         write_chrome_trace(monitor.gather(), "trace.json")   # what monitor.export_chrome_trace does
     """
-    with open(path, "w") as fh:
-        json.dump(chrome_trace(per_rank), fh)
+    trace = chrome_trace(require_per_rank("write_chrome_trace", per_rank))
+    if os.path.isdir(path):
+        raise ConfigError(f"write_chrome_trace: path {str(path)!r} is a directory: give a file's path, e.g. trace.json")
+    try:
+        with open(path, "w") as fh:
+            json.dump(trace, fh)
+    except OSError as exc:
+        raise ConfigError(
+            f"write_chrome_trace: cannot write path {str(path)!r} ({exc.strerror or exc}): give a file's path in a "
+            "directory this user can write"
+        ) from None
 
 
 def read_steps(path: str | os.PathLike) -> dict[int, list[StepRecord]]:
@@ -94,7 +105,10 @@ def read_steps(path: str | os.PathLike) -> dict[int, list[StepRecord]]:
         with open(path) as fh:
             data = json.load(fh)
     except OSError as exc:
-        raise ConfigError(f"cannot read the trace '{path}': {exc.strerror or exc}") from None
+        raise ConfigError(
+            f"read_steps: cannot read the trace path '{path}' ({exc.strerror or exc}): give the path of a file "
+            "written by Monitor.export_chrome_trace or write_chrome_trace"
+        ) from None
     except json.JSONDecodeError as exc:
         raise ConfigError(
             f"'{path}' is not JSON ({exc.msg} at line {exc.lineno}); is it a trace from Monitor?"

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
 import torch.distributed as dist
 from torch import nn
 
@@ -40,6 +41,23 @@ def check_stage(submodule: Any, stage_index: Any, num_stages: Any, group: Any) -
     _check_placement(stage_index, num_stages, size, rank)
     if isinstance(submodule, DistributedDataParallel):
         _check_data_parallel_group(submodule, group)
+
+
+def check_stage_callables(device: Any, dw_builder: Any, get_mesh: Any) -> None:
+    """The stage's device and its optional callables, which torch's stage keeps as given and uses only at the first
+    step (a device it cannot place tensors on, or a builder it calls)."""
+    try:
+        torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ConfigError(
+            f"PipelineStage: device={device!r:.60} is not a device: pass a torch.device, e.g. torch.device('cuda', "
+            "local_rank) or torch.device('cpu')"
+        ) from None
+    for name, value in (("dw_builder", dw_builder), ("get_mesh", get_mesh)):
+        if value is not None and not callable(value):
+            raise ConfigError(
+                f"PipelineStage: {name} must be callable or None, got {type(value).__name__} {value!r:.60}"
+            )
 
 
 def _check_counts(stage_index: Any, num_stages: Any, size: int) -> None:

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from gradsync.ddp.module import DistributedDataParallel
-from gradsync.pipelining.arguments import check_stage
+from gradsync.pipelining.arguments import check_stage, check_stage_callables
 from gradsync.torch_private.pipelining import pipeline_stage_type
 
 _TorchPipelineStage: Any = pipeline_stage_type()
@@ -53,7 +53,12 @@ class PipelineStage(_TorchPipelineStage):  # type: ignore[misc]
         # AssertionError, a deadlock or a gloo abort at the first step (gradsync/pipelining/arguments.py).
         bound = inspect.signature(_TorchPipelineStage.__init__).bind(self, *args, **kwargs).arguments
         check_stage(bound.get("submodule"), bound.get("stage_index"), bound.get("num_stages"), bound.get("group"))
+        check_stage_callables(bound.get("device"), bound.get("dw_builder"), bound.get("get_mesh"))
         super().__init__(*args, **kwargs)
+
+    # torch's parameters, as help(), editors and the generated sweep (conformance/sweep/generated/) read them: a bare
+    # (*args, **kwargs) hid every one, and the sweep's 19 PipelineStage cases with them.
+    __init__.__signature__ = inspect.signature(_TorchPipelineStage.__init__)  # type: ignore[attr-defined]
 
     def _data_parallel(self) -> DistributedDataParallel | None:
         return self.submod if isinstance(self.submod, DistributedDataParallel) else None

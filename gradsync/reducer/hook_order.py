@@ -21,6 +21,8 @@ from typing import Any
 import torch
 from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
 
+from gradsync.validate import require_callable
+
 Start = Callable[[], torch.futures.Future]
 
 # The hooks known to issue collectives from their callbacks: torch's PowerSGD pair (found through wrappers and
@@ -41,6 +43,8 @@ def issues_from_callbacks(hook: Callable[[Any, Any], torch.futures.Future]) -> C
 
         ddp.register_comm_hook(None, gradsync.comm.issues_from_callbacks(my_two_stage_hook))
     """
+    # Refused when marked: functools.wraps takes anything, and the mistake would show only at the first bucket.
+    require_callable("issues_from_callbacks", "hook", hook)
 
     @functools.wraps(hook)
     def marked(state: Any, bucket: Any) -> torch.futures.Future:

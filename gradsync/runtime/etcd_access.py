@@ -125,9 +125,10 @@ def _unusable(exc: BaseException) -> str:
 def from_flags(store: str, rdzv_conf: str) -> EtcdAccess:
     """The access that ``--store`` and ``--rdzv-conf`` describe, checked: each file there, a file, readable and of
     its kind (PEM, the key the certificate's); no password inline, nor sent over plain http unless allowed."""
-    conf = {ALIASES.get(k, k): v for k, v in _pairs(rdzv_conf or "").items()}
+    given = conf_pairs(rdzv_conf or "")
+    conf = {ALIASES.get(k, k): v for k, v in given.items()}
     access = _access(conf, _tls(store, conf.get("protocol")))
-    _check(access, store)
+    _check(access, store, {ALIASES.get(k, k): k for k in given})
     return access
 
 
@@ -143,13 +144,16 @@ def _access(conf: dict[str, str], tls: bool) -> EtcdAccess:
     )
 
 
-def _pairs(text: str) -> dict[str, str]:
-    """``KEY=VALUE,KEY=VALUE`` as torchrun reads --rdzv-conf (its parser is private to torch)."""
+def conf_pairs(text: str) -> dict[str, str]:
+    """``KEY=VALUE,KEY=VALUE`` as torchrun reads --rdzv-conf (torch's _parse_rendezvous_config, private, which
+    refuses a key without a value with a ValueError once the launch has begun), for every mode's --rdzv-conf."""
     pairs = {}
     for item in (i.strip() for i in text.split(",") if i.strip()):
         key, equals, value = item.partition("=")
         if not equals or not key.strip():
             raise ConfigError(f"--rdzv-conf {text}: {item!r} is not KEY=VALUE; write KEY=VALUE,KEY=VALUE")
+        if not value.strip():
+            raise ConfigError(f"--rdzv-conf {key.strip()}='' has no value: write {key.strip()}=VALUE, or drop it.")
         pairs[key.strip()] = value.strip()
     return pairs
 
@@ -185,7 +189,8 @@ def _flag(value: str, name: str) -> bool:
     raise ConfigError(f"--rdzv-conf {name}={value}: give 1 or 0.")
 
 
-def _check(access: EtcdAccess, store: str) -> None:
+def _check(access: EtcdAccess, store: str, spelled: dict[str, str]) -> None:
+    """``spelled``: each key as the user wrote it (torch's etcd-v2 ``ca_cert`` for ``cacert``), to name it so."""
     if not access.tls and (access.cacert or access.cert or access.key or not access.check_hostname):
         raise ConfigError(
             "--rdzv-conf cacert=, cert=, key= and check_hostname= are TLS settings: add protocol=https (or write "
@@ -198,7 +203,7 @@ def _check(access: EtcdAccess, store: str) -> None:
     refuse_cleartext(access, store)
     for name in FILES:
         if getattr(access, name) is not None:
-            _check_file(name, getattr(access, name))
+            _check_file(name, getattr(access, name), spelled.get(name, name))
     access.ssl_context()  # OpenSSL's own reading: a certificate it cannot parse, a key that is not the cert's
 
 
@@ -213,9 +218,10 @@ def refuse_cleartext(access: EtcdAccess, store: str) -> None:
         )
 
 
-def _check_file(name: str, path: str) -> None:
-    """``path`` is a readable file and, for a certificate or a key, holds a PEM block of its kind."""
-    where = f"--rdzv-conf {name}={path}"
+def _check_file(name: str, path: str, key: str) -> None:
+    """``path`` is a readable file and, for a certificate or a key, holds a PEM block of its kind. ``key``: the
+    name the user gave it (``name`` or its alias)."""
+    where = f"--rdzv-conf {key}={path}"
     if os.path.isdir(path):
         raise ConfigError(f"{where} is a directory: give the {WHAT[name]} file itself.")
     if not os.path.exists(path):

@@ -19,7 +19,7 @@ from typing import NoReturn
 from torch.distributed.run import get_args_parser
 
 from gradsync.errors import ConfigError
-from gradsync.runtime import etcd_access
+from gradsync.runtime import etcd_access, flag_values
 from gradsync.runtime.endpoints import etcd_members, etcd_scheme, join, split
 from gradsync.torch_private import privateuse1_backend_name
 
@@ -95,9 +95,12 @@ def parser(prog: str = "gradsync run", script: bool = True) -> argparse.Argument
         "rendezvous host's launcher, so that the job survives losing any one host; the job's keys live under "
         "gradsync/<--rdzv-id>/",
     )
+    checked = flag_values.kinds()  # torchrun's text and int flags, each checked by its kind when parsed
     for action in p._actions:
         if action.type is float:  # every float flag is a duration (seconds): NaN, inf, 0 and below mean nothing
             action.type = Seconds(flag_name(action.dest))
+        elif action.dest in checked:
+            action.type = checked[action.dest]
     if not script:
         for action in p._actions:  # argparse has no public way to make a positional optional once added
             if action.dest in ("training_script", "training_script_args"):
@@ -159,6 +162,11 @@ def mode(args: argparse.Namespace) -> str:
     return STANDALONE if args.standalone else STATIC
 
 
+def shown(value: str) -> str:
+    """A flag's value as an error shows it: an empty one as ``''`` (``--nnodes ''``), not as nothing."""
+    return value if value else "''"
+
+
 def flag_name(dest: str) -> str:
     return "--" + dest.replace("_", "-")
 
@@ -170,6 +178,7 @@ def check(args: argparse.Namespace, given_flags: set[str]) -> None:
     _check_nnodes(args.nnodes, args.standalone)
     if args.max_restarts < 0:
         raise ConfigError(f"--max-restarts {args.max_restarts}: give how many times to restart the job, >= 0.")
+    etcd_access.conf_pairs(args.rdzv_conf)  # torch would refuse it only once the launch has begun
     _check_store(args)
     _refuse_unused(args, given_flags)
     where = endpoint(args)
@@ -198,7 +207,7 @@ def _check_store(args: argparse.Namespace) -> None:
     members = args.store.removeprefix(etcd_scheme(args.store) or "")
     if etcd_scheme(args.store) is None or "/" in members or "?" in members:
         raise ConfigError(
-            f"--store {args.store}: give the etcd cluster's members, etcd://HOST:PORT,HOST:PORT,... or "
+            f"--store {shown(args.store)}: give the etcd cluster's members, etcd://HOST:PORT,HOST:PORT,... or "
             "etcd+https://... (the job's name comes from --rdzv-id; TLS files and the user from --rdzv-conf)."
         )
     etcd_members(args.store)
@@ -213,11 +222,11 @@ def _check_store(args: argparse.Namespace) -> None:
 def _check_nproc(value: str) -> None:
     if value.lstrip("-").isdigit():
         if int(value) < 1:
-            raise ConfigError(f"--nproc-per-node {value}: start at least 1 worker per node (or auto, cpu, gpu).")
+            raise ConfigError(f"--nproc-per-node {shown(value)}: start at least 1 worker per node (or auto, cpu, gpu).")
     elif value not in ("auto", "cpu", "gpu", "xpu", privateuse1_backend_name()):
         raise ConfigError(
-            f"--nproc-per-node {value}: give the number of workers per node (e.g. 2), or auto, cpu or gpu (one per "
-            "CPU core or GPU)."
+            f"--nproc-per-node {shown(value)}: give the number of workers per node (e.g. 2), or auto, cpu or gpu "
+            "(one per CPU core or GPU)."
         )
 
 
@@ -225,7 +234,7 @@ def _check_nnodes(value: str, standalone: bool) -> None:
     parts = value.split(":")
     if len(parts) > 2 or not all(p.isdigit() for p in parts) or not 1 <= int(parts[0]) <= int(parts[-1]):
         raise ConfigError(
-            f"--nnodes {value}: give the number of nodes (e.g. 2), or MIN:MAX for an elastic job (e.g. 1:4), "
+            f"--nnodes {shown(value)}: give the number of nodes (e.g. 2), or MIN:MAX for an elastic job (e.g. 1:4), "
             "with 1 <= MIN <= MAX."
         )
     if standalone and int(parts[-1]) > 1:

@@ -84,17 +84,23 @@ def flag_values(action: argparse.Action) -> tuple[tuple[str, Any], ...] | str:
 _FILE = (("missing path", MISSING), ("a directory", DIRECTORY), ("empty", ""))
 _PEM = (*_FILE, ("not PEM", NOT_PEM))
 _CLIENT_PEM = Make(lambda: text_file("not a certificate\n", ".pem"), "a file that is not PEM")
+# A key's companion certificate: it must pass the certificate's own check (its PEM label, which is read first), so
+# that the error judged is the key's.
+_CERT_PEM = Make(
+    lambda: text_file("-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n", ".pem"), "a PEM certificate"
+)
 RDZV_CONF: dict[str, tuple[tuple[tuple[str, Any], ...], dict[str, Any]]] = {
     "protocol": ((("unknown", "ftp"), ("empty", "")), {}),
     "cacert": (_PEM, {}),
     "cert": (_PEM, {"key": _CLIENT_PEM}),
-    "key": (_PEM, {"cert": _CLIENT_PEM}),
+    "key": (_PEM, {"cert": _CERT_PEM}),
     "password_file": (_FILE, {"user": "trainer"}),
     "user": ((("empty", ""),), {"password_file": Make(lambda: text_file("secret\n"), "a password file")}),
     "check_hostname": ((("not 0/1", "maybe"), ("empty", "")), {}),
+    "password_over_http": ((("not 0/1", "maybe"), ("empty", "")), {}),
     "ca_cert": (_PEM, {}),
     "ssl_cert": (_PEM, {"ssl_cert_key": _CLIENT_PEM}),
-    "ssl_cert_key": (_PEM, {"ssl_cert": _CLIENT_PEM}),
+    "ssl_cert_key": (_PEM, {"ssl_cert": _CERT_PEM}),
 }
 
 _BOOL_BAD = (("not a boolean", "maybe"), ("a number", "2"))
