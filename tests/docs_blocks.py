@@ -11,26 +11,12 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+import lab.public
+
 ROOT = Path(__file__).resolve().parents[1]
 
 # The public packages and modules: the API pages document names through these paths only.
-PUBLIC = [
-    "gradsync",
-    "gradsync.comm",
-    "gradsync.optim",
-    "gradsync.data",
-    "gradsync.nn",
-    "gradsync.pipelining",
-    "gradsync.elastic",
-    "gradsync.observe",
-    "gradsync.checkpoint",
-    "gradsync.integrations",
-    "gradsync.integrations.lightning",
-    "gradsync.integrations.accelerate",
-    "gradsync.testing",
-    "gradsync.errors",
-    "gradsync.settings",
-]
+PUBLIC = lab.public.PUBLIC
 _FENCE = re.compile(r"^(`{3,}|~{3,})\s*([^`\s]*)")
 _HEADING = re.compile(r"^(#{1,6}) (.*)")
 

@@ -18,26 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from conformance.sweep.core import ROOT
+from lab.public import PUBLIC
 
-# The public packages and modules, as the API reference lists them (tests/docs_blocks.py's PUBLIC; a test keeps the
-# two equal). integrations.lightning needs Lightning installed; its entry point is a class torch users never call.
-PUBLIC = [
-    "gradsync",
-    "gradsync.comm",
-    "gradsync.optim",
-    "gradsync.data",
-    "gradsync.nn",
-    "gradsync.pipelining",
-    "gradsync.elastic",
-    "gradsync.observe",
-    "gradsync.checkpoint",
-    "gradsync.integrations",
-    "gradsync.integrations.lightning",
-    "gradsync.integrations.accelerate",
-    "gradsync.testing",
-    "gradsync.errors",
-    "gradsync.settings",
-]
 _VARIABLE = re.compile(r"""["'](GRADSYNC_[A-Z0-9_]*[A-Z0-9])["']""")
 
 
