@@ -145,44 +145,31 @@ def test_ddp_options_under_a_schedule(schedule: str, options: dict[str, Any]) ->
         assert r.get("vs_torch", 0.0) <= 1e-6, (rank, r)
 
 
-def _torch_stage_over_gradsync(rank: int, world: int) -> None:
+def _torch_stage_over_gradsync(rank: int, world: int, plain_step_first: bool) -> None:
+    """torch's own stage driving a gradsync stage module; with ``plain_step_first``, after a sanity check (one
+    ordinary forward and backward of the wrapped stage): the refusal held only at the first synced forward, and
+    training then ran silently wrong."""
     from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
 
     torch.set_num_threads(1)
     group = torch.distributed.new_group([0, 1])
     ddp = gradsync.DistributedDataParallel(Block(), process_group=torch.distributed.new_group([rank]))
+    if plain_step_first:
+        ddp(torch.randn(4, D)).sum().backward()
     stage = PipelineStage(ddp, rank, 2, torch.device("cpu"), group=group)
     runner = ScheduleGPipe(stage, 2, loss_fn=lambda output, target: output.sum())
     x = torch.randn(4, D)
     runner.step(x) if rank == 0 else runner.step(target=x)
 
 
-def test_torchs_own_stage_over_gradsyncs_ddp_is_refused_naming_the_import_to_change() -> None:
+@pytest.mark.parametrize("plain_step_first", [False, True], ids=["at_once", "after_an_ordinary_step"])
+def test_torchs_own_stage_over_gradsyncs_ddp_is_refused_naming_the_import_to_change(plain_step_first: bool) -> None:
     """torch's stage recognises only torch's DDP: its micro-batches would each be averaged alone, silently wrong."""
-    failures = spawn_failures(_torch_stage_over_gradsync, world_size=2, timeout=60, pg_timeout=15)
+    failures = spawn_failures(
+        _torch_stage_over_gradsync, world_size=2, timeout=60, pg_timeout=15, args=(plain_step_first,)
+    )
     assert failures[0].kind == "ConfigError", failures
-    assert "from gradsync.pipelining import PipelineStage" in failures[0].message
-
-
-def _torch_stage_after_a_plain_step(rank: int, world: int) -> None:
-    """A sanity check (one ordinary forward and backward of the wrapped stage) before torch's stage drives it: the
-    refusal held only at the first synced forward, and training then ran silently wrong."""
-    from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
-
-    torch.set_num_threads(1)
-    group = torch.distributed.new_group([0, 1])
-    ddp = gradsync.DistributedDataParallel(Block(), process_group=torch.distributed.new_group([rank]))
-    ddp(torch.randn(4, D)).sum().backward()
-    stage = PipelineStage(ddp, rank, 2, torch.device("cpu"), group=group)
-    runner = ScheduleGPipe(stage, 2, loss_fn=lambda output, target: output.sum())
-    x = torch.randn(4, D)
-    runner.step(x) if rank == 0 else runner.step(target=x)
-
-
-def test_torchs_own_stage_is_refused_after_an_ordinary_step_too() -> None:
-    failures = spawn_failures(_torch_stage_after_a_plain_step, world_size=2, timeout=60, pg_timeout=15)
-    assert failures[0].kind == "ConfigError", failures
-    assert "gradsync.pipelining.PipelineStage" in failures[0].message, failures[0].message
+    assert "from gradsync.pipelining import PipelineStage" in failures[0].message, failures[0].message
 
 
 def _ddp_over_the_pipeline_dimension(rank: int, world: int, spelling: str) -> dict[str, Any]:

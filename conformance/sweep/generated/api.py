@@ -219,6 +219,15 @@ def sampler_params(extra: dict[str, Domain] | None = None) -> dict[str, Domain]:
     return {**base, **(extra or {})}
 
 
+# The outer step's arguments DiLoCo and StreamingDiLoCo share.
+_OUTER_STEP = {
+    "outer_lr": NUM(0.0, None, False),
+    "momentum": NUM(0.0, None, False),
+    "nesterov": BOOL(),
+    "warmup_steps": INT(0),
+    "compression": CHOICE(None, "bf16", "fp16"),
+}
+
 TABLE: dict[str, Target] = {
     "gradsync.DistributedDataParallel": Target(
         _ddp_kwargs,
@@ -334,11 +343,7 @@ TABLE: dict[str, Target] = {
         {
             "ddp": PLAIN_MODULE,
             "period": INT(1),
-            "outer_lr": NUM(0.0, None, False),
-            "momentum": NUM(0.0, None, False),
-            "nesterov": BOOL(),
-            "warmup_steps": INT(0),
-            "compression": CHOICE(None, "bf16", "fp16"),
+            **_OUTER_STEP,
         },
         _with_periodic,
     ),
@@ -350,11 +355,7 @@ TABLE: dict[str, Target] = {
             "fragments": INT(1),
             "delay": INT(0),
             "mixing": Domain("number", low=0.0, high=1.0, open_low=False, optional=True),
-            "outer_lr": NUM(0.0, None, False),
-            "momentum": NUM(0.0, None, False),
-            "nesterov": BOOL(),
-            "warmup_steps": INT(0),
-            "compression": CHOICE(None, "bf16", "fp16"),
+            **_OUTER_STEP,
         },
         _with_periodic,
     ),
