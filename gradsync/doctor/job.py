@@ -45,13 +45,9 @@ class Job:
 
 def parse(argv: Sequence[str], environ: dict[str, str] | None = None) -> tuple[Job, bool]:
     """(the job these flags describe, whether --json was given)."""
-    p = _parser()
-    try:
-        args, rest = p.parse_known_args(list(argv))
-        refused = _refused(args, list(argv))
-    except ConfigError as error:  # a value the parser refuses: the flags check fails on it, the rest still run
-        refused = error.message
-        args, rest = _lenient(p).parse_known_args(list(argv))
+    # A value the parser refuses (a duration that is nan, an unknown backend) is a refusal of the command: one line
+    # and exit 2 from gradsync/cli.py, as gradsync run's. Flags the job's mode does not use are the flags check's.
+    args, rest = _parser().parse_known_args(list(argv))
     environ = dict(os.environ if environ is None else environ)
     script = [args.training_script, *(args.training_script_args or [])] if args.training_script else []
     job = Job(
@@ -65,7 +61,7 @@ def parse(argv: Sequence[str], environ: dict[str, str] | None = None) -> tuple[J
         job_name=args.rdzv_id,
         gloo_ifname=environ.get(GLOO_IFNAME_VARIABLE) or None,
         ignored=(*rest, *script),
-        refused=refused,
+        refused=_refused(args, list(argv)),
     )
     return job, args.json
 
@@ -74,14 +70,6 @@ def _parser() -> argparse.ArgumentParser:
     p = run_flags.parser(prog="gradsync doctor", script=False)
     p.description = "Check this machine for a job with these gradsync run flags; exit 1 if the job would fail."
     p.add_argument("--json", action="store_true", help="print the checks as a JSON list instead of a table")
-    return p
-
-
-def _lenient(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """``p`` taking every value as text (no type, no choices): the job the other checks read, where a value was
-    refused (that refusal is the flags check's)."""
-    for action in p._actions:
-        action.type, action.choices = None, None
     return p
 
 

@@ -221,6 +221,7 @@ def _flag_run(command: str, dest: str, option: str, value: Any) -> Callable[[Gen
 
 def _doctor(argv: list[str]) -> Outcome:
     from gradsync.doctor import job as doctor_job
+    from gradsync.errors import GradsyncError
 
     err = io.StringIO()
     try:
@@ -230,8 +231,10 @@ def _doctor(argv: list[str]) -> Outcome:
         return _judged_exit(exc.code if isinstance(exc.code, int) else 2, err.getvalue())
     except Timeout:
         raise
+    except GradsyncError:  # a value the parser refuses: the command's refusal, judged as the CLI says it
+        return _cli(["doctor", *argv])
     except Exception as exc:
-        return Outcome(exc, problems=["a traceback where a failed check was due"])
+        return Outcome(exc, problems=["a traceback where a refusal or a failed check was due"])
     result = doctor_job.check_flags(job)
     if result.status != "fail":
         return Outcome()
