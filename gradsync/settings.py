@@ -17,10 +17,8 @@ import os
 from collections.abc import Mapping
 
 from gradsync.errors import ConfigError
+from gradsync.validate import MAX_SECONDS, is_timeout
 
-# The longest wait a variable may ask for, about 31 years: "never" in practice. Past ~8.6e13 s a datetime.timedelta
-# overflows, past ~9.2e12 s gloo refuses the timeout as negative (its microseconds overflow int64).
-MAX_SECONDS = 1e9
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
 
@@ -54,7 +52,7 @@ def read_seconds(name: str, default: float, environ: Mapping[str, str] | None = 
         seconds = float(value)
     except ValueError:
         raise ConfigError(f"{name}={value!r} is not a number of seconds (e.g. {name}=600).") from None
-    if not (0 < seconds <= MAX_SECONDS):
+    if not is_timeout(seconds):
         raise ConfigError(
             f"{name}={value!r}: the timeout must be a positive number of seconds, at most {MAX_SECONDS:.0e} "
             f"(e.g. {name}=600)."

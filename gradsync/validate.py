@@ -7,7 +7,17 @@ import math
 import numbers
 
 from gradsync.errors import ConfigError
-from gradsync.settings import MAX_SECONDS
+
+# The longest wait a timeout may be, about 31 years: "never" in practice. Past ~8.6e13 s a datetime.timedelta
+# overflows, past ~9.2e12 s gloo refuses the timeout as negative (its microseconds overflow int64).
+MAX_SECONDS = 1e9
+
+
+def is_timeout(seconds: float) -> bool:
+    """Whether ``seconds`` is a timeout a wait can take: > 0 (NaN never fires, 0 or less at once) and at most
+    :data:`MAX_SECONDS` (inf or 1e30 overflow a ``timedelta`` or gloo's timeout). The one rule of the
+    ``GRADSYNC_*_TIMEOUT`` variables, ``init(timeout=)`` and the constructors that take seconds."""
+    return 0 < seconds <= MAX_SECONDS
 
 
 def require_int(where: str, name: str, value: object, minimum: int) -> int:
@@ -31,7 +41,7 @@ def require_seconds(where: str, name: str, value: object) -> float:
     """``value`` if it is a number of seconds > 0 and at most ``settings.MAX_SECONDS``, else a :class:`ConfigError`
     naming ``name``: NaN would never fire, 0 or less at once, inf or 1e30 overflow a ``timedelta`` or gloo's timeout
     (the same rule as the ``GRADSYNC_*_TIMEOUT`` variables, gradsync/settings.py)."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 < float(value) <= MAX_SECONDS:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not is_timeout(float(value)):
         raise ConfigError(
             f"{where}: {name} must be a number of seconds > 0 and at most {MAX_SECONDS:.0e}, got "
             f"{type(value).__name__} {value!r:.60}"

@@ -34,10 +34,28 @@ def refuse_unsupported(unsupported: Mapping[str, Any]) -> None:
         raise TypeError(f"gradsync.DistributedDataParallel: unexpected argument '{name}' ({hint})")
 
 
-def refuse_string_switches(switches: Mapping[str, object]) -> None:
+# The constructor's on/off arguments.
+SWITCHES = (
+    "broadcast_buffers",
+    "init_sync",
+    "find_unused_parameters",
+    "check_reduction",
+    "gradient_as_bucket_view",
+    "static_graph",
+    "skip_all_reduce_unused_params",
+    "batched_grad_copy",
+    "forward_sync_buffers",
+    "bucket_tuning",
+    "check_desync",
+)
+
+
+def refuse_string_switches(arguments: Mapping[str, object]) -> None:
     """torch's DDP reads its switches' truth, so it takes any object for them; but a string is never meant: a value
-    from a config file, ``find_unused_parameters="false"``, is true in Python. Refused by name."""
-    for name, value in switches.items():
+    from a config file, ``find_unused_parameters="false"``, is true in Python. Refused by name. ``arguments``: the
+    constructor's, of which the :data:`SWITCHES` are read."""
+    for name in SWITCHES:
+        value = arguments[name]
         if isinstance(value, (str, bytes)):
             raise ConfigError(
                 f"DistributedDataParallel: {name} must be True or False, got str {value!r}: a string is true whatever "

@@ -124,21 +124,7 @@ class DistributedDataParallel(nn.Module, Joinable):
         super().__init__()
         Joinable.__init__(self)
         refuse_unsupported(unsupported)
-        refuse_string_switches(
-            {
-                "broadcast_buffers": broadcast_buffers,
-                "init_sync": init_sync,
-                "find_unused_parameters": find_unused_parameters,
-                "check_reduction": check_reduction,
-                "gradient_as_bucket_view": gradient_as_bucket_view,
-                "static_graph": static_graph,
-                "skip_all_reduce_unused_params": skip_all_reduce_unused_params,
-                "batched_grad_copy": batched_grad_copy,
-                "forward_sync_buffers": forward_sync_buffers,
-                "bucket_tuning": bucket_tuning,
-                "check_desync": check_desync,
-            }
-        )
+        refuse_string_switches(locals())
         warn_deprecated(broadcast_buffers, forward_sync_buffers, check_reduction)
         self.module = module
         self._config = Config.of(

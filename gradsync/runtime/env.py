@@ -189,7 +189,7 @@ def _timeout(timeout: float | datetime.timedelta | None) -> datetime.timedelta:
     if timeout is None:
         return datetime.timedelta(seconds=settings.timeout_seconds(DEFAULT_TIMEOUT_S))
     seconds = timeout.total_seconds() if isinstance(timeout, datetime.timedelta) else timeout
-    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not 0 < seconds <= settings.MAX_SECONDS:
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not settings.is_timeout(seconds):
         raise ConfigError(
             f"init(timeout={timeout!r}): the timeout must be > 0 (seconds, or a datetime.timedelta; at most "
             f"{settings.MAX_SECONDS:.0e}): how long a "

@@ -95,18 +95,24 @@ def parser(prog: str = "gradsync run", script: bool = True) -> argparse.Argument
         "rendezvous host's launcher, so that the job survives losing any one host; the job's keys live under "
         "gradsync/<--rdzv-id>/",
     )
-    checked = flag_values.kinds()  # torchrun's text and int flags, each checked by its kind when parsed
-    for action in p._actions:
-        if action.type is float:  # every float flag is a duration (seconds): NaN, inf, 0 and below mean nothing
-            action.type = Seconds(flag_name(action.dest))
-        elif action.dest in checked:
-            action.type = checked[action.dest]
+    _check_values_by_kind(p)
     if not script:
         for action in p._actions:  # argparse has no public way to make a positional optional once added
             if action.dest in ("training_script", "training_script_args"):
                 action.required = False
                 action.nargs = "?" if action.dest == "training_script" else argparse.REMAINDER
     return p
+
+
+def _check_values_by_kind(p: argparse.ArgumentParser) -> None:
+    """Every flag's values checked when parsed, by the kind of value it takes: each float flag is a duration
+    (:class:`Seconds`: NaN, inf, 0 and below mean nothing), torchrun's text and int flags their kind's parser."""
+    checked = flag_values.kinds()
+    for action in p._actions:
+        if action.type is float:
+            action.type = Seconds(flag_name(action.dest))
+        elif action.dest in checked:
+            action.type = checked[action.dest]
 
 
 def _refuse(prog: str) -> Callable[[str], NoReturn]:
