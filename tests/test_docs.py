@@ -550,12 +550,28 @@ assert isinstance(trainer.strategy, GradsyncStrategy), type(trainer.strategy)
 assert isinstance(fabric.strategy, GradsyncFabricStrategy), type(fabric.strategy)
 """
 _IS_GRADSYNC_DDP = "assert isinstance(model, gradsync.DistributedDataParallel), type(model)\n"
+_NET_WITH_HEAD = """\
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed, self.head = torch.nn.Embedding(10, 4), torch.nn.Linear(4, 2)
+
+    def forward(self, x):
+        return self.head(self.embed(x))
+
+net = Net()
+"""
+_HEAD_IN_ITS_BUFFER = """\
+model(torch.tensor([1, 2, 3])).sum().backward()
+assert net.head.weight.grad.data_ptr() == model._delayed.buffer.data_ptr()
+"""
 # The ```python blocks of the pages that this module runs as written: "page:language:index" (the index-th block of
 # that language on the page) -> (launcher or None for this process, setup, check). The others are run by the tests
 # RUN_ELSEWHERE names.
 PAGE_BLOCKS = {
     "docs/migrating.md:python:0": (("run", ""), "", ""),
-    "docs/migrating.md:python:1": (
+    "docs/migrating.md:python:1": (None, _NET_WITH_HEAD, _HEAD_IN_ITS_BUFFER),
+    "docs/migrating.md:python:2": (
         None,
         "",
         "assert {(p.dtype, p.grad.dtype) for p in model.parameters()} == {(torch.float32, torch.float32)}\n",

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import inspect
 import tempfile
 from typing import Any
 
@@ -23,7 +24,6 @@ from torch.nn.parallel.distributed import _MixedPrecision
 
 import gradsync
 from gradsync import checkpoint
-from gradsync.ddp.arguments import _UNSUPPORTED
 from gradsync.errors import ConfigError
 from gradsync.optim import OverlappedOptimizer
 from gradsync.testing import spawn, spawn_failures
@@ -284,7 +284,8 @@ def test_policy_is_checked_at_the_boundary() -> None:
     with pytest.raises(ConfigError, match="mixed_precision must be a gradsync.MixedPrecision"):
         gradsync.MixedPrecision.of(torch.bfloat16)
     assert gradsync.MixedPrecision.of(_MixedPrecision(param_dtype=BF16)) == gradsync.MixedPrecision(BF16)
-    assert "mixed_precision" not in _UNSUPPORTED
+    ours = inspect.signature(gradsync.DistributedDataParallel.__init__).parameters
+    assert set(inspect.signature(torch.nn.parallel.DistributedDataParallel.__init__).parameters) <= set(ours)
 
 
 def test_forward_computes_in_low_precision_and_leaves_full_precision(group_of_one: None) -> None:

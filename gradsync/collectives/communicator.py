@@ -61,6 +61,7 @@ class Op(enum.Enum):
     CHECKPOINT_BARRIER = "barrier after writing a checkpoint"
     MONITOR_GATHER = "gather of every rank's step records"
     ELASTIC_STATE = "broadcast of rank 0's training state to a new membership round"
+    DELAYED_ALLREDUCE = "all-reduce of the delayed parameters' gradients (delay_all_reduce_named_params)"
 
     @property
     def code(self) -> int:

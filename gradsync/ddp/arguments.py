@@ -21,17 +21,13 @@ from gradsync.errors import ConfigError
 from gradsync.reducer.caps import BucketCaps
 from gradsync.reducer.mode import GraphMode
 
-# torch arguments gradsync accepts only at their defaults (None / False).
-_UNSUPPORTED = ("delay_all_reduce_named_params", "param_to_hook_all_reduce")
-
 
 def refuse_unsupported(unsupported: Mapping[str, Any]) -> None:
-    """torch arguments gradsync does not implement are refused unless left at their defaults, never ignored."""
-    for name, value in unsupported.items():
-        if name in _UNSUPPORTED and value in (None, False):
-            continue
-        hint = "gradsync does not implement it yet" if name in _UNSUPPORTED else "torch's DDP has no such argument"
-        raise TypeError(f"gradsync.DistributedDataParallel: unexpected argument '{name}' ({hint})")
+    """A keyword torch's DDP does not take either is refused, never ignored (every one of torch's is gradsync's)."""
+    for name in unsupported:
+        raise TypeError(
+            f"gradsync.DistributedDataParallel: unexpected argument '{name}' (torch's DDP has no such argument)"
+        )
 
 
 # The constructor's on/off arguments.
@@ -107,6 +103,8 @@ class Config:
     skip_unused: bool
     ignored: frozenset[str]  # torch's ignore list (set_params_and_buffers_to_ignore)
     sparse: frozenset[str]  # parameters of sparse embeddings: their gradients are reduced as sparse tensors
+    delayed: frozenset[str] = frozenset()  # delay_all_reduce_named_params: averaged outside the reducer
+    delay_hook: str | None = None  # param_to_hook_all_reduce's name: its gradient starts theirs
 
     @classmethod
     def of(
@@ -118,6 +116,7 @@ class Config:
         find_unused: bool,
         static: bool,
         skip_unused: bool,
+        delayed: tuple[frozenset[str], str | None] = (frozenset(), None),
     ) -> Config:
         """``caps``: (bucket_cap_mb, bucket_cap_mb_list); ``switches``: (bucket_tuning, check_desync), None for
         their environment defaults (``GRADSYNC_BUCKET_TUNING``, ``GRADSYNC_DEBUG``), read here and nowhere else."""
@@ -141,6 +140,7 @@ class Config:
             skip_unused and find_unused,
             ignored,
             sparse_parameters(module),
+            *delayed,
         )
         meta = [n for n, p in module.named_parameters() if p.device.type == "meta"]
         if meta:
@@ -148,7 +148,7 @@ class Config:
                 f"the module has parameters on the meta device ({', '.join(meta[:5])}): they hold no values to "
                 "broadcast or average. Materialise them first (module.to_empty(device=...) and initialise)."
             )
-        if not config.trainable(module):
+        if not config.trainable(module) and not config.delayed:
             raise ConfigError(
                 "DistributedDataParallel is not needed when a module doesn't have any parameter that requires a "
                 "gradient (torch's words): there is nothing to synchronise. Wrap a module with trainable "
@@ -157,7 +157,9 @@ class Config:
         return config
 
     def trainable(self, module: nn.Module) -> list[tuple[str, nn.Parameter]]:
-        return [(n, p) for n, p in module.named_parameters() if p.requires_grad and n not in self.ignored]
+        """The parameters the reducer averages: those that require grad, neither ignored nor delayed."""
+        excluded = self.ignored | self.delayed
+        return [(n, p) for n, p in module.named_parameters() if p.requires_grad and n not in excluded]
 
 
 def sparse_parameters(module: nn.Module) -> frozenset[str]:

@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from gradsync.ddp import compiled
+from gradsync.ddp.delayed_all_reduce import DelayedAllReduce
 from gradsync.ddp.forward_collectives import ForwardCollectives
 from gradsync.ddp.join_protocol import JoinProtocol
 from gradsync.ddp.mixed_precision import ForwardPrecision, FullPrecision
@@ -61,6 +62,7 @@ class ForwardSteps:
         frozen: Sequence[tuple[str, nn.Parameter]],
         in_use: Callable[[], bool],
         precision: ForwardPrecision | None = None,
+        delayed: DelayedAllReduce | None = None,
     ) -> None:
         self._collectives = collectives
         self._precision = precision or FullPrecision()  # mixed precision's copies and casts, or nothing
@@ -74,6 +76,7 @@ class ForwardSteps:
         self.graph_split = compiled.GraphSplit(reducer.steady_bucket_cap)
         self._unsplit_checked = False
         self._in_use = in_use
+        self._delayed = delayed  # delay_all_reduce_named_params: their buffer set and armed after each forward
 
     def attach_recorder(self, recorder: Recorder) -> None:
         """Report each synced forward's start and end to ``recorder``."""
@@ -147,6 +150,8 @@ class ForwardSteps:
             self._reducer.compiled_in_pieces()
         if call.synced:
             self._recorder.forward_end()
+        if self._delayed is not None:
+            self._delayed.after_forward(call.synced and call.averages)
         if call.synced and call.averages:
             outputs = list(iter_tensors(output))
             self._warn_if_compiled_unsplit(outputs)
@@ -164,6 +169,8 @@ class ForwardSteps:
         self._begin_synced()
         self._collectives.issue(True, False)
         self._recorder.forward_end()
+        if self._delayed is not None:
+            self._delayed.after_forward(True)
         return self._arm(output, list(iter_tensors(output)), 1.0)
 
     def _arm(self, output: Any, outputs: list[torch.Tensor], scale: float) -> Any:

@@ -35,6 +35,7 @@ from gradsync.ddp.arguments import (
 )
 from gradsync.ddp.buffers import BufferSync
 from gradsync.ddp.composition import InUse, check_composition
+from gradsync.ddp.delayed_all_reduce import DelayedAllReduce, delayed_names
 from gradsync.ddp.forward_collectives import ForwardCollectives
 from gradsync.ddp.forward_steps import ForwardSteps, ModuleCall
 from gradsync.ddp.join_protocol import JoinProtocol
@@ -110,6 +111,8 @@ class DistributedDataParallel(nn.Module, Joinable):
         gradient_as_bucket_view: bool = False,
         static_graph: bool = False,
         *,
+        delay_all_reduce_named_params: Any = None,
+        param_to_hook_all_reduce: nn.Parameter | None = None,
         device_mesh: Any = None,
         skip_all_reduce_unused_params: bool = False,
         bucket_cap_mb_list: Sequence[float] | None = None,
@@ -135,6 +138,7 @@ class DistributedDataParallel(nn.Module, Joinable):
             find_unused_parameters,
             static_graph,
             skip_all_reduce_unused_params,
+            delayed_names(module, delay_all_reduce_named_params, param_to_hook_all_reduce),
         )
         self._process_group = group_of(process_group, device_mesh)  # None: the default group
         check_composition(module, self._process_group, device_mesh, gradient_as_bucket_view, DistributedDataParallel)
@@ -167,6 +171,12 @@ class DistributedDataParallel(nn.Module, Joinable):
         policy = MixedPrecision.of(argument)
         if policy is None:
             return None
+        if self._config.delayed:
+            refuse_with_mixed_precision(
+                "delay_all_reduce_named_params",
+                "the delayed parameters are averaged outside the reducer, in their own dtype, so the policy would "
+                "not reach them. Use one of the two.",
+            )
         check_mixed_precision_composition(self.module, self._config.sparse)
         cast_buffers(self.module, policy, self._config.ignored)
         mark_parameters_as_torch_does(self.module, policy, self._config.ignored)
@@ -218,10 +228,8 @@ class DistributedDataParallel(nn.Module, Joinable):
         device = self._params[0].device if self._params else None
         self._comm = Communicator(self._process_group, check_desync=config.check_desync, device=device)
         buffer_sync = BufferSync(self.module, self._comm, config.ignored)
-        trainable = {id(p) for p in self._params}
-        frozen = [
-            (n, p) for n, p in self.module.named_parameters() if id(p) not in trainable and n not in config.ignored
-        ]
+        trainable, outside = {id(p) for p in self._params}, config.ignored | config.delayed
+        frozen = [(n, p) for n, p in self.module.named_parameters() if id(p) not in trainable and n not in outside]
         self.reducer = Reducer(
             self._params,
             [n for n, _ in named],
@@ -242,8 +250,9 @@ class DistributedDataParallel(nn.Module, Joinable):
         precision = None
         if self.mixed_precision is not None:
             precision = LowPrecisionCopies(self.module, self.mixed_precision, config.ignored)
+        self._delayed = DelayedAllReduce.for_module(self.module, config.delayed, config.delay_hook, self._comm)
         self._forward_steps = ForwardSteps(
-            collectives, self._join_protocol, self.reducer, self._params, frozen, in_use, precision
+            collectives, self._join_protocol, self.reducer, self._params, frozen, in_use, precision, self._delayed
         )
 
     def rebuild_for_new_group(self) -> None:
@@ -257,6 +266,8 @@ class DistributedDataParallel(nn.Module, Joinable):
         hook, recorder = self._hook, self._forward_steps.attached_recorder()
         plan = self.reducer.bucket_plan()
         self.reducer.close()
+        if self._delayed is not None:
+            self._delayed.close()
         self._build_runtime()
         self._plan_before_regroup = plan  # what shared_layout() sends if this worker is the new round's rank 0
         verify_same_model(self._comm, self.module, self._config.ignored, self._collective_settings())
@@ -299,7 +310,7 @@ class DistributedDataParallel(nn.Module, Joinable):
                 "torch): the copy rebuilds itself on the default group. Wrap with process_group=None."
             )
         state = dict(self.__dict__)
-        for name in ("reducer", "_comm", "_params", "_forward_steps", "_join_protocol", "_hook"):
+        for name in ("reducer", "_comm", "_params", "_forward_steps", "_join_protocol", "_hook", "_delayed"):
             state.pop(name, None)
         state["_construction_failure"] = None  # the copy rebuilds itself on the default group
         return state
@@ -436,6 +447,12 @@ class DistributedDataParallel(nn.Module, Joinable):
         ...     for x, y in my_uneven_shard:
         ...         opt.zero_grad(); loss_fn(ddp(x), y).backward(); opt.step()  # doctest: +SKIP
         """
+        if self._delayed is not None and enable:
+            raise ConfigError(
+                "join() with delay_all_reduce_named_params: a joined rank cannot shadow the delayed all-reduce, "
+                "which starts inside the others' backward, so they would wait for it. Give every rank the same "
+                "number of batches, or leave the parameters to the reducer."
+            )
         return self._join_protocol.context(enable, throw_on_early_termination, divide_by_initial_world_size)
 
     def join_hook(self, **kwargs: Any) -> JoinHook:

@@ -244,6 +244,8 @@ TABLE: dict[str, Target] = {
             "check_reduction": FREE("deprecated in torch and ignored by it"),
             "gradient_as_bucket_view": BOOL(),
             "static_graph": BOOL(),
+            "delay_all_reduce_named_params": OBJ(("a str", "a.weight"), ("a list of names", ["a.weight"])),
+            "param_to_hook_all_reduce": OBJ(("a str", "a.weight"), ("a plain tensor", torch.ones(1))),
             "device_mesh": OBJ(("not a mesh", "dp")),
             "skip_all_reduce_unused_params": BOOL(),
             "bucket_cap_mb_list": OBJ(("negative", [-1.0]), ("NaN", [math.nan]), ("empty", []), ("a number", 25.0)),
