@@ -6,6 +6,10 @@ step is timed with CUDA events (device time from the forward's start to the opti
 time of ``backward()`` (autograd plus the reducer's Python or C++) with the wall clock. Eager, then compiled
 (``torch.compile(ddp)``). Peak memory: each DDP alone, 3 steps, ``torch.cuda.max_memory_allocated`` over the model's.
 
+Then mixed precision: ``mixed_precision=`` (bf16 compute, fp32 reduction) in gradsync's DDP and in torch's (its
+``_MixedPrecision``), and gradsync's DDP under autocast over fp32 parameters: step time interleaved, peak memory,
+and the largest loss difference between gradsync's and torch's mixed precision over the same steps.
+
 Several GPUs: NCCL, one rank a GPU. One GPU: two gloo ranks share it (gloo carries CUDA tensors through the host),
 which shows the host side and memory, not NCCL's overlap. Prints one line per figure; under 5 minutes on an H200.
 """
@@ -59,14 +63,16 @@ def _build(impl: str, layers: int, device: torch.device, compiled: bool):
     return (torch.compile(ddp) if compiled else ddp), optimizer
 
 
-def _step(model, optimizer, idx: torch.Tensor) -> tuple[float, float]:
-    """(device ms, host ms of backward())."""
+def _step(model, optimizer, idx: torch.Tensor, autocast: bool = True, losses: list | None = None) -> tuple:
+    """(device ms, host ms of backward()); the loss appended to ``losses`` if given."""
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
     optimizer.zero_grad(set_to_none=True)
-    with torch.autocast("cuda", dtype=torch.bfloat16):
+    with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
         logits = model(idx)
     loss = nn.functional.cross_entropy(logits.float().flatten(0, 1), idx.flatten())
+    if losses is not None:
+        losses.append(loss.detach())
     host = time.perf_counter()
     loss.backward()
     host = time.perf_counter() - host
@@ -98,6 +104,7 @@ def _rank(rank: int, world: int, layers: int, batch: int, steps: int, warmup: in
             a[0] / b[0] for a, b in zip(times["gradsync"], times["torch"])
         )
         del built
+    out.update(_mixed_precision(layers, device, idx, steps, warmup))
     for impl in ("torch", "gradsync"):
         torch.cuda.empty_cache()
         base = torch.cuda.memory_allocated(device)
@@ -106,6 +113,56 @@ def _rank(rank: int, world: int, layers: int, batch: int, steps: int, warmup: in
         for _ in range(3):
             _step(model, optimizer, idx)
         out[f"peak memory {impl} MiB"] = (torch.cuda.max_memory_allocated(device) - base) / 2**20
+        del model, optimizer
+    return out
+
+
+def _build_mixed(variant: str, layers: int, device: torch.device):
+    """``mixed_precision=`` (bf16 compute, fp32 reduction) in gradsync's and torch's DDP, and gradsync's DDP under
+    autocast over fp32 parameters."""
+    from torch.nn.parallel.distributed import _MixedPrecision
+
+    torch.manual_seed(0)
+    model = _own_forward(variant.replace("-", "_"))(layers).to(device)
+    if variant == "gradsync-autocast":
+        ddp = gradsync.DistributedDataParallel(model, device_ids=[device.index])
+    elif variant == "gradsync-mixed":
+        policy = gradsync.MixedPrecision(torch.bfloat16, torch.float32, torch.bfloat16)
+        ddp = gradsync.DistributedDataParallel(model, device_ids=[device.index], mixed_precision=policy)
+    else:
+        policy = _MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.float32, buffer_dtype=torch.bfloat16)
+        ddp = nn.parallel.DistributedDataParallel(model, device_ids=[device.index], mixed_precision=policy)
+    return ddp, torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+
+def _mixed_precision(layers: int, device: torch.device, idx: torch.Tensor, steps: int, warmup: int) -> dict:
+    """The three variants interleaved: step time, and the largest loss difference between gradsync's and torch's
+    mixed precision over the steps (the same seed, data and policy: equal up to bf16's kernels' nondeterminism)."""
+    variants = ("gradsync-mixed", "torch-mixed", "gradsync-autocast")
+    built = {v: _build_mixed(v, layers, device) for v in variants}
+    times: dict[str, list[float]] = {v: [] for v in variants}
+    losses: dict[str, list] = {v: [] for v in variants}
+    for i in range(warmup + steps):
+        for v in variants if i % 2 == 0 else variants[::-1]:
+            dist.barrier()
+            t = _step(*built[v], idx, autocast=v.endswith("autocast"), losses=losses[v])
+            if i >= warmup:
+                times[v].append(t[0])
+    out: dict = {f"mixed {v} step ms": statistics.median(ts) for v, ts in times.items()}
+    out["mixed step ratio gradsync/torch"] = statistics.median(
+        a / b for a, b in zip(times["gradsync-mixed"], times["torch-mixed"])
+    )
+    gaps = [abs(a.item() - b.item()) for a, b in zip(losses["gradsync-mixed"], losses["torch-mixed"])]
+    out["mixed max loss gap gradsync/torch"] = max(gaps)
+    del built
+    for v in variants:
+        torch.cuda.empty_cache()
+        base = torch.cuda.memory_allocated(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        model, optimizer = _build_mixed(v, layers, device)
+        for _ in range(3):
+            _step(model, optimizer, idx, autocast=v.endswith("autocast"))
+        out[f"mixed {v} peak memory MiB"] = (torch.cuda.max_memory_allocated(device) - base) / 2**20
         del model, optimizer
     return out
 
