@@ -20,10 +20,13 @@ import pytest
 import torch
 from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import Replicate, distribute_tensor
 from torch.nn.parallel.distributed import _MixedPrecision
 
 import gradsync
 from gradsync import checkpoint
+from gradsync.ddp.mixed_precision import check_mixed_precision_composition
 from gradsync.errors import ConfigError
 from gradsync.optim import OverlappedOptimizer
 from gradsync.testing import spawn, spawn_failures
@@ -331,6 +334,11 @@ def test_refused_combinations_name_what_to_do_and_a_regroup_keeps_the_policy(gro
         gradsync.DistributedDataParallel(norm, mixed_precision=policy)
     with pytest.raises(ConfigError, match="mixed_precision must be a gradsync.MixedPrecision"):
         gradsync.DistributedDataParallel(Net(), mixed_precision="bf16")
+    mesh = init_device_mesh("cpu", (1, 1), mesh_dim_names=("dp", "tp"))
+    sharded = nn.Linear(4, 4)
+    sharded.weight = nn.Parameter(distribute_tensor(sharded.weight.detach(), mesh["tp"], [Replicate()]))
+    with pytest.raises(ConfigError, match=r"DTensor parameters \(tensor parallelism; parameter 'weight'\)"):
+        check_mixed_precision_composition(sharded, frozenset())  # DDP checks the mesh first
     ddp = gradsync.DistributedDataParallel(Net(), mixed_precision=policy)
     ddp.rebuild_for_new_group()  # elastic recovery rebuilds the runtime: the policy with it
     _loss(ddp(_x(0, 0))).backward()
