@@ -2,11 +2,11 @@
 no logging of its own.
 
 A library leaves logging's set-up to its program, and Python then writes a warning through its last-resort handler:
-the message alone. For an elastic job that left the on-call engineer with the workers' and launchers' lines and no
-way to line them up against each other or against the faults (an 8-host chaos run: a survivor's "trying the next
-round" could not be told apart from the one 30 s later). So gradsync's lines take the last resort's place with a
-timestamp, ISO 8601 in UTC so that hosts in other time zones sort together, and step aside the moment the program
-configures a handler of its own (``logging.basicConfig``, pytest's capture), which then formats them as it likes.
+the message alone. For an elastic job that leaves the on-call engineer with the workers' and launchers' lines and no
+way to line them up against each other or against the faults (a survivor's "trying the next round" looks the same as
+its next one). So gradsync's lines take the last resort's place with a timestamp, ISO 8601 in UTC so that hosts in
+other time zones sort together, and step aside the moment the program configures a handler of its own
+(``logging.basicConfig``, pytest's capture), which then formats them as it likes.
 
 Example::
 

@@ -112,9 +112,9 @@ def _rank_main(
     except BaseException as exc:  # report everything, KeyboardInterrupt included
         results.put(("error", rank, RankFailure(rank, type(exc).__name__, str(exc), traceback.format_exc())))
     finally:
-        # The queue writes from a thread of its own: flush it before the group's teardown, which has aborted a
-        # rank ("terminate called ... Resource deadlock avoided") halfway through writing its result, and the
-        # parent then blocked reading the rest of the message past every timeout.
+        # The queue writes from a thread of its own: flush it before the group's teardown, which can abort a rank
+        # ("terminate called ... Resource deadlock avoided") halfway through writing its result, and the parent would
+        # then block reading the rest of the message past every timeout.
         results.close()
         results.join_thread()
         if dist.is_initialized():

@@ -140,7 +140,8 @@ class Communicator:
                 return self._watched(work, op, index, None, tensor).get_future()
         # Every bucket of every backward comes here: the process group's own allreduce, as torch's C++ reducer
         # calls it, without dist.all_reduce's per-call checks (a bucket is one dense real tensor, of a group this
-        # rank is in, outside any coalescing block) nor a context manager; ~20 µs of CPU less a bucket.
+        # rank is in, outside any coalescing block) nor a context manager, whose Python would run on every bucket's
+        # path (docs/scaling.md measures the reducer's CPU per backward).
         self.sequence += 1
         try:
             work = self.group.allreduce([tensor], _SUM_ASYNC)

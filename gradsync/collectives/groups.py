@@ -48,14 +48,14 @@ def _gloo_threads_alive() -> bool:
 def release_backend_threads(seconds: float = 0.1) -> None:
     """Give gloo's worker threads the GIL for a moment before the interpreter finalises.
 
-    A gloo worker thread destroys each finished work, and with it the last reference to tensors whose Python
-    objects torch keeps alive (``all_gather_object``'s temporaries): that needs the GIL. If the interpreter is
-    already finalising, taking the GIL exits the thread through a ``noexcept`` frame and the process aborts with
-    "terminate called without an active exception" (seen here in ~1 run in 5 of the main job, and in most runs of
-    the Lightning and Fabric tests, whose scripts never call gradsync.init; torch keeps the group alive past
-    ``destroy_process_group`` once ``torch._dynamo`` is imported, which any optimizer does). Sleeping here releases
-    the GIL while the interpreter can still serve them. Registered at exit when gradsync is imported, so scripts
-    that set up their group themselves (Lightning, Accelerate, torchrun) are covered too.
+    A gloo worker thread destroys each finished work, and with it the last reference to tensors whose Python objects
+    torch keeps alive (``all_gather_object``'s temporaries): that needs the GIL. If the interpreter is already
+    finalising, taking the GIL exits the thread through a ``noexcept`` frame and the process aborts with "terminate
+    called without an active exception" (also in scripts that never call gradsync.init, as Lightning's and Fabric's;
+    torch keeps the group alive past ``destroy_process_group`` once ``torch._dynamo`` is imported, which any
+    optimizer does). Sleeping here releases the GIL while the interpreter can still serve them. Registered at exit
+    when gradsync is imported, so scripts that set up their group themselves (Lightning, Accelerate, torchrun) are
+    covered too.
     """
     if _gloo_threads_alive():
         time.sleep(seconds)

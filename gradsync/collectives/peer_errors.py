@@ -44,9 +44,9 @@ def recovered_by_members(store: dist.Store) -> None:
     """Say in ``store``, a group's, that its members recover from a failed collective themselves (gradsync.elastic's
     rounds: the next round's leader learns who is gone from the launchers' reports and the heartbeats), so that a
     rank whose collective failed waits for no peer's report. The wait only names the cause in the error, which the
-    elastic job logs and goes on; it held up every survivor's recovery (0.5 s on each host lost whole, whose
-    launcher is gone with it and posts nothing, 2 s after a collective's timeout), and the survivor's group stayed
-    open meanwhile, so the members waiting on it failed no sooner either."""
+    elastic job logs and goes on; it would hold up every survivor's recovery by :func:`report_grace` (in full on
+    each host lost whole, whose launcher is gone with it and posts nothing), and keep the survivor's group open
+    meanwhile, so the members waiting on it would fail no sooner either."""
     store.set(_NOT_AWAITED, "1")
 
 

@@ -116,9 +116,9 @@ class HierarchicalState:
 
 
 def hierarchical_hook(state: HierarchicalState, bucket: GradBucket) -> torch.futures.Future[torch.Tensor]:
-    """Average ``bucket`` over the group inside each host first, then across hosts (module docstring). Measured
-    in the lab (``python -m bench.hierarchical``): 0.878 x torch's step on 2 hosts of 2 ranks at 1 Gbit/s, 1.24 x
-    on 4 hosts of 2, where 8 ranks share 2 cores; so it is not the default.
+    """Average ``bucket`` over the group inside each host first, then across hosts (module docstring). Not the
+    default: it saves link bytes only, at the CPU cost of the steps inside the host, so it pays where a host's link
+    is the limit and its ranks have cores to spare (docs/benchmarks.md, "Hosts of several ranks", measures both).
 
     Example::
 

@@ -23,7 +23,7 @@ _FUNCTIONAL_CALLS = frozenset(
 # nn.Module's (InUse, the forward's steps, DDP's forward, nn.Module's call: the caller sits 8 above at the least,
 # 10 in 2.13 with torch.compiler.disable's wrappers, functional_call's frame one more); above, room for
 # torch.compile's wrappers (about 5 more frames). Skipping to the 7th costs nothing (sys._getframe walks in C); each
-# frame looked at costs one frame object, about 0.3 us.
+# frame looked at costs one frame object made for Python, so the look stops at the 18th.
 _FIRST_FRAME = 7
 _FRAMES_UP = 12
 

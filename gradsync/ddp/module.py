@@ -186,8 +186,8 @@ class DistributedDataParallel(nn.Module, Joinable):
         """The model checked across the ranks, then rank 0's parameters (and ``buffers``) everywhere. In an elastic
         job (``gradsync run --elastic``) a member lost meanwhile is a membership change, not this worker's end: the
         failure is returned, the job's State raises it before training (:meth:`take_construction_failure`) and
-        recovers, and the next round's :meth:`rebuild_for_new_group` issues these collectives again. Before, a worker
-        being admitted when a member died crashed here with a traceback, and its launcher restarted it."""
+        recovers, and the next round's :meth:`rebuild_for_new_group` issues these collectives again: a member lost
+        while a worker is admitted costs a round, not the worker's process."""
         try:
             verify_same_model(self._comm, self.module, self._config.ignored, self._collective_settings())
             if init_sync:

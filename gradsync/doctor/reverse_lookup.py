@@ -3,9 +3,9 @@
 torch's c10d sockets name each peer for their messages with ``getnameinfo`` without ``NI_NUMERICHOST``
 (``c10d::detail::formatSockAddr``): a TCPStore client as it connects, and the TCPStore server (libuv) for every
 client it accepts, on its one thread. Where the resolver does not answer PTR queries, each lookup waits for its
-timeout (5 s, twice, with glibc's defaults), and while the server waits no rank's request is served: measured in
-docs/scaling.md, where it stalled a 256-rank job's store for seconds at a time. A lookup that fails at once is
-fine (torch then prints the address); only a slow one hurts.
+timeout (5 s, twice, with glibc's defaults), and while the server waits no rank's request is served
+(docs/scaling.md, "A torch trap this found"). A lookup that fails at once is fine (torch then prints the address);
+only a slow one hurts.
 """
 
 from __future__ import annotations

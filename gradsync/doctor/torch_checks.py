@@ -71,7 +71,7 @@ def check_torch() -> Result:
 def check_private_names() -> Result:
     """Every torch name and behaviour gradsync relies on resolves; a missing one with a fallback is a warning."""
     name = "torch private names"
-    gaps = missing("*")  # every record, public APIs included; imports torch._dynamo (about 2 s)
+    gaps = missing("*")  # every record, public APIs included; imports torch._dynamo (a slow import)
     total = len(PRIVATE_NAMES) + len(PUBLIC_APIS)
     if not gaps:
         return Result(

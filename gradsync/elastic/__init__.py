@@ -105,8 +105,8 @@ def init(
 
 
 def _import_before_joining() -> None:
-    """torch's optimizers import torch._dynamo when the first one is built (about 2 s on CPU). A joiner builds its
-    optimizer after it was admitted, between its DistributedDataParallel and the state sync, and every member waits
-    at that step boundary meanwhile: pay the import before asking to join."""
+    """torch's optimizers import torch._dynamo when the first one is built, a slow import (docs/elastic.md). A
+    joiner builds its optimizer after it was admitted, between its DistributedDataParallel and the state sync, and
+    every member waits at that step boundary meanwhile: pay the import before asking to join."""
     with contextlib.suppress(ImportError):
         torch_private.import_dynamo()

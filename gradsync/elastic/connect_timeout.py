@@ -2,22 +2,20 @@
 measured, not the collective timeout.
 
 The gate (:mod:`.formation`) opens once every member arrived, and a member lost before it calls the round off at
-once. One lost in the milliseconds after, inside ``init_process_group``, left the others waiting for its address
-until the group's timeout: the 8-host chaos soak's one pause over 3 s that no partition caused (three kills within
-0.31 s, 4.37 s at a 5 s timeout). Connecting takes milliseconds at 8 members, but grows with the members and the
-store's load (each member reads every other's address), so no constant fits: the bound is ``MARGIN`` times the
-slowest connect measured here, at least ``FLOOR_S``, at most the collective timeout. It is the group's timeout while
-it connects, which bounds the wait for each member's address in the store; gloo waits ``PEER_CONNECT_FACTOR``
-times as long for a member that posted its address to connect (its tcp ``Pair`` "uses a longer timeout when
-waiting for initial connect"), so a member lost after posting costs ``FLOOR_S x 5``, 1 s (the soak: 5 s, with a
-1 s bound, before the floor was divided by that factor). A process that measured none yet starts from the slowest
-connect the members published (``keys.CONNECT_SLOWEST``): a joiner that waited the whole timeout for a member lost
-as it joined held the next round for as long, as its leader waits for every live member (the 8-host soak: 4.0 s,
-where the members' own connects had given up after 1 s). One with nothing to start from (the job's first round),
-and one whose last connect failed with no member seen gone or still meanwhile (a store too slow for the bound,
-rather than a member lost), waits the whole collective timeout, so that a slow store costs one round, never a
-livelock. A connect that failed while a member was seen gone keeps its bound: in the soak, a second member lost
-in the round after such a failure cost the whole timeout, 5 s.
+once. One lost in the milliseconds after, inside ``init_process_group``, leaves the others waiting for its address
+until the group's timeout. Connecting grows with the members and the store's load (each member reads every other's
+address), so no constant fits: the bound is ``MARGIN`` times the slowest connect measured here, at least
+``FLOOR_S``, at most the collective timeout. It is the group's timeout while it connects, which bounds the wait for
+each member's address in the store; gloo waits ``PEER_CONNECT_FACTOR`` times as long for a member that posted its
+address to connect (its tcp ``Pair`` "uses a longer timeout when waiting for initial connect"), so the floor is
+divided by that factor: a member lost after posting costs ``FLOOR_S x PEER_CONNECT_FACTOR``, 1 s. A process that
+measured none yet starts from the slowest connect the members published (``keys.CONNECT_SLOWEST``): otherwise a
+joiner would wait the whole timeout for a member lost as it joined, and hold the next round as long, as its leader
+waits for every live member. One with nothing to start from (the job's first round), and one whose last connect
+failed with no member seen gone or still meanwhile (a store too slow for the bound, rather than a member lost),
+waits the whole collective timeout, so that a slow store costs one round, never a livelock. A connect that failed
+while a member was seen gone keeps its bound, so that a second member lost in the next round costs the bound again,
+not the whole timeout. docs/elastic.md ("Under chaos") measures each of these waits.
 The group then takes the collective timeout for its collectives (``torch_private.set_group_timeout``); where torch
 cannot set it, the connect keeps the collective timeout too.
 
@@ -32,7 +30,7 @@ Example::
 from __future__ import annotations
 
 PEER_CONNECT_FACTOR = 5  # gloo's wait for a peer's connect, in times the group's timeout (gloo/transport/tcp/pair.h)
-FLOOR_S = 1.0 / PEER_CONNECT_FACTOR  # a member lost after posting costs 1 s and a round more (~0.3 s): within 1.5 s
+FLOOR_S = 1.0 / PEER_CONNECT_FACTOR  # a member lost after posting costs 1 s and a round more: within the 1.5 s p99 goal
 MARGIN = 4.0  # over the slowest connect measured: a store busier than then still connects
 
 

@@ -1,11 +1,11 @@
 """Waiting for a key on etcd with a watch, not by polling: one request that etcd answers when the key is put.
 
-A TCPStore's ``wait`` is answered by its server when the key is set; on etcd, polling a range every 50 ms was 20
-requests a second for each waiting member, so while a round of 1,024 members was decided (each waiting for the
-leader's member list) etcd served 20,000 requests a second doing nothing (docs/scaling.md). etcd's answer is a
-watch: ``POST /v3/watch`` on its JSON gateway streams the key's events, one JSON object a line, from
-``start_revision`` on. The wait reads the key first (a range, which also gives the store's revision), then watches
-from the next revision, so that a put between the two is not missed (etcd's own ``clientv3`` recipe).
+A TCPStore's ``wait`` is answered by its server when the key is set; on etcd, polling a range would be a request
+each poll for each waiting member, and while a round is decided every member waits for the leader's member list, so
+etcd's load would grow with N for nothing (docs/scaling.md, "Waiting members polled"). etcd's answer is a watch:
+``POST /v3/watch`` on its JSON gateway streams the key's events, one JSON object a line, from ``start_revision`` on.
+The wait reads the key first (a range, which also gives the store's revision), then watches from the next revision,
+so that a put between the two is not missed (etcd's own ``clientv3`` recipe).
 
 A member that fails mid-watch costs one range on the next member (the client fails over) and a new watch there.
 """

@@ -1,16 +1,16 @@
 """The gate before a round's process group forms: every member arrives, or the round is called off at once.
 
 torch's ``init_process_group`` exchanges the members' addresses through the store and waits for each up to the
-group's timeout. A member that died after the round was agreed (a second fault inside one regroup window, or a kill
-its launcher reported a moment after the round's leader asked) made every survivor wait out that whole timeout
-("forming round 2's group failed: wait timeout after 5000ms"), although its watcher already knew it was gone.
+group's timeout. A member that dies after the round was agreed (a second fault inside one regroup window, or a kill
+its launcher reports a moment after the round's leader asked) would make every survivor wait out that whole timeout
+inside ``init_process_group``, although its watcher already knows it is gone.
 
 So each member first counts itself in; the last one in opens the gate, and a watcher that sees a member of the round
 gone calls it off, whichever comes first (one ``compare_set`` decides). The members wait for that decision with the
 store's blocking wait (a watch on etcd), not a poll, and only then form the group. A watcher also calls the round off
 for a member whose heartbeat it saw stand still for 3 beats (``RoundGroup.call_off_for_suspects``), before the
 heartbeat timeout would call it gone. A member lost between the gate opening and the group's connect, milliseconds
-later, costs the connect's own bound (:mod:`.connect_timeout`: a few measured connects, at least 1 s).
+later, costs the connect's own bound (:mod:`.connect_timeout`: a few measured connects, at least ``FLOOR_S``).
 
 Example::
 

@@ -1,12 +1,12 @@
 """When a worker stops recovering: membership changes in a row without a committed step, counted and timed.
 
-Recovery is retried while members are lost during it (a round's leader killed, a member lost as the group
-forms), and a recovery that can never succeed (replicas that differ, a hook that fails every time) must end. It
-ended after 5 changes in a row: in the 8-host soak without partitions a burst of kills made three rounds' leaders
-exit one after the other, and the last member holding the job's state counted 6 changes within 1.5 s, gave up,
-and the state went with it while the survivors' hosts were being restarted. So a worker gives up only after more
-than ``MAX_FUTILE`` changes *and* ``FUTILE_TIMEOUTS`` heartbeat timeouts without a committed step: a burst of
-faults lasts seconds, and a recovery that cannot succeed still ends within half a minute at a 5 s timeout.
+Recovery is retried while members are lost during it (a round's leader killed, a member lost as the group forms),
+and a recovery that can never succeed (replicas that differ, a hook that fails every time) must end. A count of
+changes alone is not the rule: a burst of faults (several rounds' leaders killed one after the other) makes more than
+``MAX_FUTILE`` changes within seconds, and the last member holding the job's state must not give up then, or the
+state goes with it. So a worker gives up only after more than ``MAX_FUTILE`` changes *and* ``FUTILE_TIMEOUTS``
+heartbeat timeouts without a committed step: a burst of faults lasts seconds, and a recovery that cannot succeed
+still ends within half a minute at a 5 s timeout.
 
 Example::
 

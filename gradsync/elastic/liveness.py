@@ -2,13 +2,12 @@
 
 A heartbeat is a counter each worker sets every ``HEARTBEAT_S`` from a thread with its own store connection (it
 never shares a client with the training thread). The worker is the counter's only writer, so a plain set does: on
-etcd one put, where an ``add`` is a read and a transaction (two requests, measured in docs/scaling.md). A member
-whose counter the observer has *seen* stand still for ``timeout`` seconds of its own clock is dead (no clock is
-compared across hosts): the time between its last move and the observer's latest reading, so that a spell in which
-the observer could not read the store (an etcd election, its own link down), when the member's beats could not land
-either, counts against no one. A worker that exits is reported at once by its launcher (:func:`mark_exited`:
-``exited/<member>``, and -1 in its counter, which is all its watcher reads), so a killed process costs no heartbeat
-timeout.
+etcd one put, where an ``add`` is a read and a transaction (two requests). A member whose counter the observer has
+*seen* stand still for ``timeout`` seconds of its own clock is dead (no clock is compared across hosts): the time
+between its last move and the observer's latest reading, so that a spell in which the observer could not read the
+store (an etcd election, its own link down), when the member's beats could not land either, counts against no one. A
+worker that exits is reported at once by its launcher (:func:`mark_exited`: ``exited/<member>``, and -1 in its
+counter, which is all its watcher reads), so a killed process costs no heartbeat timeout.
 
 In a round each member watches one other, the next in rank order (a ring), so the store serves O(N) heartbeat
 reads, not O(N^2): the watcher says when its member is gone (``on_gone``), for everyone. A member is watched by more
@@ -28,12 +27,11 @@ from gradsync.elastic import keys, verdicts
 from gradsync.elastic.job_store import StoreHealth
 
 # A member's beat in a round of up to BEATS_PER_S * HEARTBEAT_S members. A host lost whole (its launcher with it, so
-# no exit is reported) is found only by its still heartbeat, SUSPECT_BEATS of them: at 0.25 s that was a second, the
-# most of such a fault's pause in the chaos soak (docs/elastic.md); at 0.1 s it is 0.3 s, for 3 store operations a
-# beat (240 a second at 8 members).
+# no exit is reported) is found only by its still heartbeat, SUSPECT_BEATS of them, most of such a fault's pause
+# (docs/elastic.md, "Under chaos"): a shorter beat finds it sooner, and costs 3 store operations a member at each.
 HEARTBEAT_S = 0.1
 # The job's beats a second at most, every member's together, so that the store's load stops growing with N past
-# 100 members: at 1,024 each member beats every 1.02 s (docs/scaling.md measures both stores at 256 and 1,024).
+# 100 members (docs/scaling.md, "The job's store at 256 and 1,024 ranks", measures both stores under it).
 BEATS_PER_S = 1000.0
 SUSPECT_BEATS = 3  # a member silent this many beats while a round is decided is not waited for (rounds.py)
 

@@ -1,10 +1,10 @@
 """Where a recovery's seconds went: the time spent in each of its phases, for its log line and its
 :class:`~gradsync.elastic.state.Recovery` record.
 
-A recovery's total says that a pause was long, not why. The 8-host chaos soak's survivors logged "6 -> 2 workers at
-step 2737 in 5.47s" and nothing else, and the 5 s could have been the old group's close, the next round's agreement,
-the new group's connection, or the model's first collectives waiting on a member lost meanwhile. Each phase answers
-to a different bound (docs/elastic.md), so the line names them, and a failed recovery names the phase it failed in.
+A recovery's total says that a pause was long, not why: in a line such as "6 -> 2 workers at step 2737 in 5.47s",
+the seconds could be the old group's close, the next round's agreement, the new group's connection, or the model's
+first collectives waiting on a member lost meanwhile. Each phase answers to a different bound (docs/elastic.md), so
+the line names them, and a failed recovery names the phase it failed in.
 
 Example::
 

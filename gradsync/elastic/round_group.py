@@ -26,9 +26,9 @@ from gradsync.elastic.verdicts import lost_mark
 def _peer_lost(exc: RuntimeError) -> bool:
     """Whether forming a group failed because a member is gone: the store's wait for its keys timed out (a
     ``DistError``), or gloo could not connect to the address it had posted (a plain ``RuntimeError`` from
-    ``ProcessGroupGloo``'s constructor: "Gloo connectFullMesh failed with ... Connect timeout"). The 8-host chaos
-    soak lost the job's state to the second: every member of a round whose peer's link went down after the gate
-    opened raised it out of the recovery, and exited."""
+    ``ProcessGroupGloo``'s constructor: "Gloo connectFullMesh failed with ... Connect timeout"). Either is a
+    membership change, not this member's end: a peer whose link went down after the gate opened raises the second on
+    every member of the round, which would otherwise all exit, and the job's state with them."""
     return isinstance(exc, dist.DistError) or "connectFullMesh" in str(exc)
 
 
@@ -39,8 +39,8 @@ def _release_frames(failure: BaseException) -> None:
     ``shutdown`` and ``abort`` leave them open. A failed collective's traceback keeps the frames it passed through,
     and their locals keep the group (torch's ``all_gather_object`` holds ``group``, our ``Communicator`` the
     ``work``, whose gloo context owns the connections). So while the failure was held, as a recovery holds it,
-    the members waiting on this one were not released by its leaving: in the 8-host soak, a survivor sat 3.5 s in
-    a round's model comparison after two members had failed theirs and left. The message and the traceback's lines
+    the members waiting on this one would not be released by its leaving: they would wait in the next round's first
+    collectives up to the collective timeout (docs/elastic.md, "Under chaos"). The message and the traceback's lines
     stay; only the locals go. A generator's frame is left alone: clearing it would close the generator, and a
     suspended one (a data loader's) is the user's to resume."""
     seen: set[int] = set()
@@ -85,8 +85,8 @@ class RoundGroup:
         even after a neighbour's collective failed because a member died (only the dead member's neighbours see
         its connection close; a ring or tree step waiting on a survivor does not). Closing the group closes this
         member's connections, so the members still waiting on it fail within milliseconds, and close theirs in
-        turn: 4 of 6 survivors waited 5 s for a SIGKILLed rank, and 0.05 s once the failed ones closed
-        (tests/test_round_leave.py). A group with dead members may not close cleanly; it is dropped either way."""
+        turn, instead of waiting out the group's timeout (tests/test_round_leave.py; measured in docs/elastic.md). A
+        group with dead members may not close cleanly; it is dropped either way."""
         if failure is not None:
             _release_frames(failure)
         if dist.is_initialized():
@@ -129,8 +129,8 @@ class RoundGroup:
         """Form the group within ``seconds``; how long it took (a failure says so too)."""
         prefix = dist.PrefixStore(keys.group_prefix(round_.number), self._store)
         # init_process_group wraps sys.excepthook in one that prefixes "[rank<r>]: " to each line, around whatever
-        # hook was there: after 40 rounds a worker's traceback bore 40 prefixes, of ranks it no longer had. Each
-        # round wraps the hook the process started with, once.
+        # hook was there: wrapped again each round, a worker's traceback would bear one prefix per round, of ranks it
+        # no longer has. Each round wraps the hook the process started with, once.
         sys.excepthook = self._excepthook
         began = time.monotonic()
         try:
@@ -159,8 +159,8 @@ class RoundGroup:
         """From the heartbeat thread, each beat: a member of the round being formed that ``suspects`` names (its
         heartbeat stood still for 3 beats: :meth:`~.liveness.Liveness.suspects`) calls the round off at once. The
         gate would wait the collective timeout for it otherwise, as no watcher calls it gone before the heartbeat
-        timeout (the 8-host soak: 10 gates timed out, 5 s each). A live member wrongly suspected costs one more
-        round, never a wrong one: the next round's leader does not wait for it, and its heartbeat moves again."""
+        timeout. A live member wrongly suspected costs one more round, never a wrong one: the next round's leader
+        does not wait for it, and its heartbeat moves again."""
         forming = self._forming
         if forming is None:
             return
@@ -176,8 +176,8 @@ class RoundGroup:
         current round is marked lost for the next round's leader, with ``count``, its heartbeat counter as last seen
         (:func:`~.verdicts.lost_mark`). Both on the heartbeat thread's own connection: a TCPStore client serves one
         request at a time, and the training thread's may be inside a wait of seconds (the gate, the group's
-        rendezvous, the next member list); this thread's beats stopped behind it, and its member, looking dead
-        after 3 beats, was left out of rounds (likely how an 8-host chaos run fell from 5 members to 1)."""
+        rendezvous, the next member list); this thread's beats would stop behind it, and its member, looking dead
+        after 3 beats, would be left out of rounds."""
         forming = self._forming
         if forming is not None and member in forming.members:
             self._lost_while_forming = True

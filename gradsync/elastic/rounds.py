@@ -124,9 +124,9 @@ class Rounds:
     def abandon_if_leader_suspected(self, store: dist.Store) -> None:
         """From the heartbeat thread, each beat: the leader this member waits on, if its heartbeat stood still for
         ``SUSPECT_BEATS`` beats, has its round abandoned now (:meth:`abandon`), not at the heartbeat timeout: a
-        leader lost with its host (no launcher left to report the exit) kept its members waiting that whole
-        timeout (the 8-host soak: 4 rounds, 5.4 s each). A live leader wrongly suspected loses the list's
-        ``compare_set`` and tries the next number with the others: one more round, never a wrong one."""
+        leader lost with its host (no launcher left to report the exit) would keep its members waiting that whole
+        timeout. A live leader wrongly suspected loses the list's ``compare_set`` and tries the next number with the
+        others: one more round, never a wrong one."""
         awaited = self._awaited
         if awaited is None:
             return
@@ -240,9 +240,9 @@ class Rounds:
         only at the group's timeout: it is waited for that long. Not one whose heartbeat stood still for
         ``SUSPECT_BEATS`` beats, seen by its watcher (which watched it all along: verdicts.py) or by this leader: a
         round is being decided because something failed, and a live member's heartbeat thread beats even inside a
-        collective. So a host lost whole (no launcher left to report the exit) costs three beats (3 s at 1,024
-        members, whose beat is slower), not the heartbeat timeout. A live member wrongly left out joins again
-        in-process."""
+        collective. So a host lost whole (no launcher left to report the exit) costs ``SUSPECT_BEATS`` beats of
+        the round's interval (longer past 100 members: :func:`~.liveness.beat_interval`), not the heartbeat
+        timeout. A live member wrongly left out joins again in-process."""
         suspect_s = SUSPECT_BEATS * self._liveness.interval
         return (
             self._alive(member, known)
@@ -313,9 +313,9 @@ class Rounds:
         return None if isinstance(listed, dict) else listed
 
     def _set_within(self, key: str, seconds: float) -> bool:
-        """The store waits: a TCPStore answers once the key is set, with no request meanwhile. N members polling
-        every 20 ms were 50 N requests a second while the leader decided, and at 1,024 ranks kept it from
-        deciding in time (docs/scaling.md)."""
+        """The store waits: a TCPStore answers once the key is set, with no request meanwhile (etcd: a watch).
+        Polling would put a request from every waiting member on the store at each poll, while the leader decides,
+        and slow its deciding (docs/scaling.md, "Waiting members polled")."""
         try:
             self._store.wait([key], datetime.timedelta(seconds=seconds))
         except dist.DistStoreError:  # its timeout

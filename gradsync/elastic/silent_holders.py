@@ -3,11 +3,11 @@
 An exit its launcher reported is final, and stops the job at once (:func:`~.job_status.find_state_lost`). A host
 lost whole leaves no launcher to report it: its workers only stop beating, as a host cut off does, which may come
 back with the state (a round of one member, cut off, trains on alone and admits the joiners once its link is back).
-So silence alone stops nothing. But the 8-host chaos lab's first run ended with every joiner waiting out its 600 s
-admission in silence for a round of 1 whose host was lost: the operator saw nothing until then. A joiner now says,
-once the latest round's members have all been silent past the heartbeat timeout and every ``SAY_EVERY_S`` after,
-who it waits for, for how long, until when, and what to do if none can come back; and its admission error says it
-too.
+So silence alone stops nothing. But a joiner waiting on holders that will not come back (a round of 1 whose host
+was lost) would wait out its whole admission timeout in silence, the operator seeing nothing until then. So a
+joiner says, once the latest round's members have all been silent past the heartbeat timeout and every
+``SAY_EVERY_S`` after, who it waits for, for how long, until when, and what to do if none can come back; and its
+admission error says it too.
 
 Example::
 

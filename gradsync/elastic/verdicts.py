@@ -5,16 +5,16 @@ stand still for ``SUSPECT_BEATS`` beats (``suspected/<member>``, :class:`Suspici
 
 A suspicion posted by the watcher is what lets a host lost whole (no launcher left to report the exit) cost the
 watcher's three still beats, counted since the member's last beat, not three more beats counted from the moment the
-leader first looks: the leader had not watched that member before the round began, so its own count started only
-then (in the 8-host soak of host losses, the round phase fell from 0.31 s to 0.22 s median: docs/elastic.md). A
-mark carries the heartbeat count its writer last saw, so it expires once the member beats again
-(:func:`beat_since`): a live member wrongly suspected is awaited again at its next beat.
+leader first looks: the leader had not watched that member before the round began, so its own count starts only then
+(docs/elastic.md, "Under chaos", measures the difference). A mark carries the heartbeat count its writer last saw,
+so it expires once the member beats again (:func:`beat_since`): a live member wrongly suspected is awaited again at
+its next beat.
 
 Each verdict takes a ticket naming its member (the ``verdicts`` counter, ``verdicts/<k>``), as a join request does
 (:mod:`.join_requests`): a leader reads the counter each look (one request) and only the members named by the
-tickets since the current round formed, not three keys of every member it wants (3,072 requests at 1,024 members,
-on the critical path of every regroup). :meth:`Verdicts.read_all` is the full read, kept as the reference and as
-the fallback where no count was recorded or a ticket was taken but not written yet.
+tickets since the current round formed, not three keys of every member it wants (3 N requests, on the critical path
+of every regroup). :meth:`Verdicts.read_all` is the full read, kept as the reference and as the fallback where no
+count was recorded or a ticket was taken but not written yet.
 
 Example::
 
@@ -41,8 +41,7 @@ def lost_mark(count: int, why: str) -> str:
     """A verdict's value (``lost/<member>``, ``suspected/<member>``): the heartbeat count its watcher last saw,
     then why. The count makes the mark expire: a worker cut off for a while (a link down, a split) comes back
     in-process with the same number, and a mark written after it had deleted it would otherwise leave it out of
-    every round after (the 8-host soak's livelock: worker 79 left out of 160 rounds, its heartbeat moving all
-    along)."""
+    every round after, its heartbeat moving all along."""
     return f"{count} {why}"
 
 

@@ -50,8 +50,8 @@ from gradsync.polling import wait_until
 from gradsync.runtime import endpoints, run_flags, store_server
 from gradsync.runtime.env import ELASTIC_STORE_VARIABLE
 
-# How often the launcher looks at its workers: a worker's exit is reported to the members this long after it at most
-# (0.2 s was up to half of a SIGKILLed worker's pause in the chaos soak). A look is a waitpid and a /proc read.
+# How often the launcher looks at its workers: a worker's exit is reported to the members this long after it at most,
+# which adds to a SIGKILLed worker's pause (docs/elastic.md, "Under chaos"). A look is a waitpid and a /proc read.
 POLL_S = 0.05
 
 

@@ -1,14 +1,14 @@
 """``gradsync run``: torchrun's flags and worker environment on torch elastic, with restarts that work and
 failures reported as a person needs them.
 
-Why torchrun's restarts fail (measured on torch 2.13 + gloo: 1–2 clean restarts in 4): by default the c10d
-rendezvous builds its bootstrap TCPStore once and every round's workers connect to it *without a per-attempt
-prefix* (``torch/distributed/rendezvous.py`` assumes "a new TCPStore for every retry", which sharing breaks; the
-static rendezvous always shares). Restarted workers then read the dead round's keys: gloo connects to the old
-workers' ports ("Connection refused") or the init barrier counts stale arrivals (a hang). ``gradsync run`` turns
-sharing off (``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``), so each round's rank 0 hosts a fresh store on a fresh
-port, and uses the c10d rendezvous in place of the static one, which cannot do that (torch's c10d under a name of
-its own, gradsync/launch/rendezvous.py, whose store listens on the endpoint's address only).
+Why torchrun's restarts fail (docs/launching.md says how often): by default the c10d rendezvous builds its bootstrap
+TCPStore once and every round's workers connect to it *without a per-attempt prefix*
+(``torch/distributed/rendezvous.py`` assumes "a new TCPStore for every retry", which sharing breaks; the static
+rendezvous always shares). Restarted workers then read the dead round's keys: gloo connects to the old workers'
+ports ("Connection refused") or the init barrier counts stale arrivals (a hang). ``gradsync run`` turns sharing off
+(``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``), so each round's rank 0 hosts a fresh store on a fresh port, and uses the
+c10d rendezvous in place of the static one, which cannot do that (torch's c10d under a name of its own,
+gradsync/launch/rendezvous.py, whose store listens on the endpoint's address only).
 """
 
 from __future__ import annotations

@@ -2,11 +2,12 @@
 
 A worker stopped with SIGSTOP (or SIGTSTP: state ``T`` in ``/proc/<pid>/stat``) holds the others in the collective
 they share with it until the round's group times out, and its heartbeat thread is stopped with it, so the members
-would learn of it only after the heartbeat timeout (5 s in the chaos lab, the whole pause). Its launcher sees the
-stop at once: once the worker has been stopped for ``GRADSYNC_ELASTIC_STOPPED_SECONDS`` (0.2 s by default) the
-launcher kills it, which closes its connections (the peers' collective fails within milliseconds), reports the exit
-and restarts it, as for any failed worker; it rejoins at a step boundary. A worker being traced (a debugger, py-spy:
-state ``t``) is left alone, and a host frozen whole (its launcher with it) is found by the heartbeats, as before.
+would learn of it only after the heartbeat timeout, which would then be the whole pause. Its launcher sees the stop
+at once: once the worker has been stopped for ``GRADSYNC_ELASTIC_STOPPED_SECONDS`` (0.2 s by default) the launcher
+kills it, which closes its connections (the peers' collective fails within milliseconds), reports the exit and
+restarts it, as for any failed worker; it rejoins at a step boundary. A worker being traced (a debugger, py-spy:
+state ``t``) is left alone, and a host frozen whole (its launcher with it) is found by the heartbeats
+(:mod:`gradsync.elastic.liveness`).
 """
 
 from __future__ import annotations

@@ -32,7 +32,7 @@ from gradsync.reducer.buckets import MIB, assign_buckets
 
 CANDIDATE_CAPS_MB = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 25.0)
 # The large probe: at least 1 MiB (else its time is mostly latency and the throughput estimate is noise), at most
-# 4 MiB (~35 ms at 1 Gbit/s), and no more than the gradients themselves.
+# 4 MiB (4 MiB / 125 MB/s: a few tens of ms at 1 Gbit/s, times PROBE_REPEATS), and no more than the gradients.
 PROBE_BYTES = (1 * MIB, 4 * MIB)
 PROBE_REPEATS = 3
 MIN_GAIN = 0.05  # of the predicted backward + communication time under the default caps

@@ -72,8 +72,8 @@ def order_in_bucket(param_indices: list[int], params: Sequence[torch.Tensor]) ->
     """The bucket's members in buffer order, with how many are large and how many of the small ones are vectors.
 
     Large gradients first, then all the small ones side by side at the end of the buffer, so the small ones are
-    divided by a single kernel over one range (a per-tensor divide costs ~1.4 µs per tensor); among those, vectors
-    (biases, norm weights) first: one torch.cat copies them ~3x faster than _foreach_copy_. Membership is what
+    divided by a single kernel over one range, not a kernel launch per tensor; among those, vectors (biases, norm
+    weights) first, so that one torch.cat copies them in, cheaper for them than _foreach_copy_. Membership is what
     assign_buckets decided; only the order inside the bucket changes, identically on every rank.
     """
     large = [i for i in param_indices if params[i].numel() >= EAGER_COPY_NUMEL]

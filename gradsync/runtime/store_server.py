@@ -9,8 +9,8 @@ given, and handed over by its descriptor.
 
 Which address: an IP address is itself; ``0.0.0.0`` or ``::`` is every interface (asked for); a name is its first
 address here, IPv4 first. A name that resolves to loopback here while the job spans several nodes (Debian maps the
-host name to 127.0.1.1) listens on every interface, as before: the other nodes know this host by that name at another
-address, which only a flag (``--local-addr``, an IP address in ``--rdzv-endpoint``) can name.
+host name to 127.0.1.1) listens on every interface, as torch's does: the other nodes know this host by that name at
+another address, which only a flag (``--local-addr``, an IP address in ``--rdzv-endpoint``) can name.
 """
 
 from __future__ import annotations

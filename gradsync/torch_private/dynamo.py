@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 
 def import_dynamo() -> None:
-    """Import ``torch._dynamo`` now (about 2 s on CPU), as torch's optimizers do at their first construction."""
+    """Import ``torch._dynamo`` now (a slow import), as torch's optimizers do at their first construction."""
     importlib.import_module("torch._dynamo")
 
 

@@ -197,7 +197,7 @@ PRIVATE_NAMES: tuple[PrivateName, ...] = (
     PrivateName(
         "torch._dynamo",
         ("gradsync/elastic/__init__.py", _COMPILED),
-        "imported ahead (about 2 s) so a joiner does not pay it inside its first step",
+        "imported ahead (a slow import) so a joiner does not pay it inside its first step",
         _ALL,
         f"{RAN}; {READ}: torch/_dynamo/__init__.py",
         lambda: importlib.util.find_spec("torch._dynamo"),
