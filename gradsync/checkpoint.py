@@ -23,7 +23,6 @@ import torch.distributed as dist
 
 from gradsync import dtensor_state
 from gradsync.collectives.communicator import Communicator, Op
-from gradsync.collectives.peer_errors import post_error
 from gradsync.errors import CheckpointError, ConfigError, GradsyncError
 from gradsync.validate import require_bool, require_group, require_state
 
@@ -182,7 +181,7 @@ def save(path: str | os.PathLike, process_group: dist.ProcessGroup | None = None
         payload = dtensor_state.whole(payload)
     payload[_RNG_KEY], payload[_KINDS_KEY] = [g[0] for g in gathered], kinds
     if comm is None or comm.rank == 0:
-        _write(payload, Path(path))
+        _write(payload, Path(path), comm)
     if comm is not None:
         comm.barrier(Op.CHECKPOINT_BARRIER)  # nobody moves on (or exits) before the file is in place
 
@@ -200,8 +199,8 @@ def _check_same_layout(layouts: list[dict[str, list]]) -> None:
             )
 
 
-def _write(payload: dict[str, Any], path: Path) -> None:
-    """Rank 0's write; a failure is also posted for the other ranks, which are waiting in the barrier."""
+def _write(payload: dict[str, Any], path: Path, comm: Communicator | None) -> None:
+    """Rank 0's write; a failure is also reported to the other ranks, which are waiting in the barrier."""
     try:
         try:
             _save_atomically(payload, path)
@@ -215,7 +214,8 @@ def _write(payload: dict[str, Any], path: Path) -> None:
                 "checkpoint, or save what it holds instead of the object itself."
             ) from exc
     except CheckpointError as error:
-        post_error(str(error))
+        if comm is not None:
+            comm.report(str(error))
         raise
 
 

@@ -13,6 +13,9 @@ from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import bf16_compress_hook
 
 import gradsync
+from gradsync.collectives.communicator import Communicator
+from gradsync.collectives.peer_errors import PeerReports
+from gradsync.runtime.env import ELASTIC_STORE_VARIABLE
 from gradsync.testing import spawn, spawn_failures
 from lab.zoo.toys import SometimesUsed
 
@@ -230,11 +233,10 @@ def _waits_in_a_group_that_recovers_itself(rank: int, world_size: int) -> tuple[
     if rank == 0:
         peer_errors.post_error_for(store, 1, "all-reduce of bucket 0 failed on rank 1: Connection closed by peer")
         waits = []
-        for recovered in (False, True):  # rank 2 is silent (a host lost whole: no one posts for it)
-            if recovered:
-                peer_errors.recovered_by_members(store)
+        for awaited in (True, False):  # rank 2 is silent (a host lost whole: no one posts for it)
             start = time.monotonic()
-            text = peer_errors.describe_peer_errors(grace=1.0, collective="all-reduce of bucket 0")
+            reports = peer_errors.PeerReports(awaited=awaited)
+            text = reports.describe(grace=1.0, collective="all-reduce of bucket 0")
             waits.append(time.monotonic() - start)
         dist.barrier()
         return waits, text
@@ -243,9 +245,15 @@ def _waits_in_a_group_that_recovers_itself(rank: int, world_size: int) -> tuple[
 
 
 @pytest.mark.timeout(60)
-def test_a_group_whose_members_recover_themselves_waits_for_no_report() -> None:
-    """An elastic round's group: the next round's leader learns who is gone, and a survivor whose collective failed
-    waiting out the grace for a lost host's report (no launcher is left to post it) held its recovery 0.5 s."""
+def test_a_group_whose_members_recover_themselves_waits_for_no_report(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An elastic round's group (its communicators made with reports not awaited, the rule of every worker of
+    `gradsync run --elastic`): the next round's leader learns who is gone, and a survivor whose collective failed
+    waiting out the grace for a lost host's report (no launcher is left to post it) would hold up its recovery."""
+    assert PeerReports.for_this_process().awaited
+    monkeypatch.setenv(ELASTIC_STORE_VARIABLE, "127.0.0.1:1")
+    assert not PeerReports.for_this_process().awaited and not Communicator().reports.awaited
+    monkeypatch.delenv(ELASTIC_STORE_VARIABLE)
     waits, text = spawn(_waits_in_a_group_that_recovers_itself, 3, timeout=50)[0]
     assert waits[0] >= 1.0 and waits[1] < 0.2, waits  # the same silent rank: the grace, then no wait
+    assert "reported nothing" not in text  # nor a list of the silent: the members' next round names who is gone
     assert "rank 1 reported: all-reduce of bucket 0 failed on rank 1" in text  # what was posted is still said

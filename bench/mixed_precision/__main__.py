@@ -1,9 +1,10 @@
 """``python -m bench.mixed_precision``: ``mixed_precision=`` against autocast over fp32 parameters and against fp32,
 on the bench's GPT (lab/zoo/workloads.py's TinyGPT, 3.5 M parameters) at CPU bf16, 2 gloo ranks.
 
-    python -m bench.mixed_precision --runs 3
+    python -m bench.mixed_precision --runs 3 --loss-runs 1
 
-Three figures, each over ``--runs`` runs (medians):
+Three figures, the first two over ``--runs`` runs, the third over ``--loss-runs`` (medians; bf16 matrix products
+are slow on a CPU without bf16 instructions, so a loss run takes minutes):
 
 - **step time**: the three variants in the same two processes, steps interleaved (bench/interleave.py: each round
   runs every variant once after a barrier, the order reversed every other round), AdamW, batch 8 x 64 tokens a rank;
@@ -35,8 +36,9 @@ WORLD = 2
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.mixed_precision", description=__doc__)
     parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--timed", type=int, default=20, help="interleaved steps timed a run")
-    parser.add_argument("--steps", type=int, default=150, help="training steps for the loss figure")
+    parser.add_argument("--timed", type=int, default=8, help="interleaved steps timed a run")
+    parser.add_argument("--steps", type=int, default=30, help="training steps for the loss figure")
+    parser.add_argument("--loss-runs", type=int, default=1, help="runs of the loss figure (seeds 0, 1, ...)")
     parser.add_argument("--out", default="bench/results/mixed_precision.json")
     args = parser.parse_args(argv)
     os.environ["MALLOC_MMAP_THRESHOLD_"] = "65536"  # read by glibc when each rank starts
@@ -47,7 +49,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     results["cores_busy"] = statistics.median(t["busy"] for t in times)
     memory = {v: [max(spawn(rank_memory, WORLD, args=(v,), timeout=300)) for _ in range(args.runs)] for v in VARIANTS}
     results["peak_rss_growth_mib"] = {v: statistics.median(m) for v, m in memory.items()}
-    losses = [spawn(rank_losses, WORLD, args=(args.steps, run), timeout=1800)[0] for run in range(args.runs)]
+    losses = [spawn(rank_losses, WORLD, args=(args.steps, run), timeout=1800)[0] for run in range(args.loss_runs)]
     results["final_loss"] = {k: statistics.median(run[k] for run in losses) for k in losses[0]}
     results["loss_gap"] = {
         k: statistics.median(abs(run[k] - run["fp32"]) for run in losses) for k in losses[0] if k != "fp32"

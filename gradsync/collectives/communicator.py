@@ -30,7 +30,7 @@ from gradsync import settings, torch_private
 from gradsync.collectives import desync
 from gradsync.collectives.groups import resolve
 from gradsync.collectives.nccl_watch import Watch
-from gradsync.collectives.peer_errors import describe_peer_errors, post_error, post_step, report_grace
+from gradsync.collectives.peer_errors import PeerReports, report_grace
 from gradsync.errors import CollectiveError, GradsyncError
 from gradsync.polling import wait_until
 
@@ -91,19 +91,27 @@ class Communicator:
         process_group: dist.ProcessGroup | None = None,
         check_desync: bool = False,
         device: torch.device | None = None,
+        reports: PeerReports | None = None,
     ) -> None:
         self._process_group = process_group
         self.check_desync = check_desync
+        # How failures reach the peers (and theirs this rank): the process's rule unless given.
+        self.reports = reports if reports is not None else PeerReports.for_this_process()
         self.device = device  # the owner's device: where object collectives stage their bytes (None: torch's choice)
         self.sequence = 0  # collectives issued so far: identical on every rank while they are in step
         self.step = 0  # the owner's synced step (DDP advances it at each synced forward), for fingerprints
         self._watch: Watch | None = None  # NCCL collectives in flight, named if they fail or hang (made at first use)
 
+    def report(self, message: str) -> None:
+        """Post ``message`` as this rank's failure for the peers (the reducer's, join's and checkpoints' failures
+        reach them through their communicator); the caller raises it."""
+        self.reports.post(message)
+
     def begin_step(self) -> None:
         """A new synced step starts (every rank calls this at the same point, joined ranks' shadows included)."""
         self.step += 1
         if self.check_desync:
-            post_step(self.step)
+            self.reports.post_step(self.step)
 
     @property
     def group(self) -> dist.ProcessGroup:
@@ -212,7 +220,7 @@ class Communicator:
                 f"{op.value}: rank(s) {missing} did not reach {call} within {seconds:.0f}s (this is rank "
                 f"{dist.get_rank()}). Every rank must call {call}, not only rank 0: it is a collective."
             )
-            post_error(message)
+            self.reports.post(message)
             raise CollectiveError(message)
 
     def timed_all_reduce(self, op: Op, tensor: torch.Tensor) -> float:
@@ -286,10 +294,10 @@ class Communicator:
     def _report_nccl_problem(self, text: str, reason: str) -> None:
         """From the watch's thread: say, as gloo's errors say, what failed or hangs, and post it for the peers."""
         message = f"{text} failed on rank {dist.get_rank()}: {reason}"
-        post_error(message)
+        self.reports.post(message)
         step = self.step if self.check_desync else None
         print(
-            f"gradsync: {message}{describe_peer_errors(grace=2.0, collective=text, step=step)}\n  The ranks that "
+            f"gradsync: {message}{self.reports.describe(grace=2.0, collective=text, step=step)}\n  The ranks that "
             "reported nothing never issued this collective: look at what they were doing (their stacks: py-spy "
             "dump --pid PID). Rerun with GRADSYNC_DEBUG=1 to compare every collective across the ranks first.",
             file=sys.stderr,
@@ -321,12 +329,12 @@ class Communicator:
         """``exc``, raised by a collective, as the error that names it, the rank, and what the peers reported."""
         text = _collective_text(op, index, what)
         message = f"{text} failed on rank {dist.get_rank()}: {exc}"
-        post_error(message)
+        self.reports.post(message)
         # Said at once: a launcher may stop this process during the wait for the peers' reports below.
         print(f"gradsync: {message}", file=sys.stderr, flush=True)
         step = self.step if self.check_desync else None
         grace = report_grace(exc)
-        return CollectiveError(message + describe_peer_errors(grace=grace, collective=text, step=step))
+        return CollectiveError(message + self.reports.describe(grace=grace, collective=text, step=step))
 
     def _device(self, tensor: torch.Tensor | None) -> torch.device:
         if tensor is not None:

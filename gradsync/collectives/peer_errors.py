@@ -2,8 +2,9 @@
 
 A rank that raises leaves its peers blocked in a collective until the process-group timeout, and the error they
 then get ("Connection closed by peer", "Timed out waiting") says nothing of the cause. Posting the real reason to
-the store lets each survivor name the rank that failed and why. :mod:`gradsync.collectives.communicator` posts
-and reads these reports around every collective it issues.
+the store lets each survivor name the rank that failed and why. Each :class:`~gradsync.collectives.Communicator`
+is given a :class:`PeerReports` when it is made, posts and reads these reports around every collective it issues,
+and is the only one that does: the reducer, ``join()`` and checkpoints hand it their failures.
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ from gradsync.polling import wait_until
 
 _PREFIX = "gradsync/error/"
 _STEP_PREFIX = "gradsync/step/"
-_NOT_AWAITED = "gradsync/reports-not-awaited"  # set in a group whose members recover from a failure themselves
 
 
 def _store() -> dist.Store | None:
@@ -23,6 +23,41 @@ def _store() -> dist.Store | None:
         return torch_private.default_store()
     except Exception:  # no default group, or its store is gone with rank 0
         return None
+
+
+class PeerReports:
+    """How a communicator's failures reach its peers and theirs reach it, chosen when the communicator is made.
+
+    Failures are always posted. ``awaited``: before raising, wait up to a grace for the peers' reports, so that the
+    error names the rank that failed first and the ranks that said nothing. Not in gradsync.elastic's rounds, whose
+    members recover from a lost peer themselves: the next round's leader learns who is gone from the launchers and
+    the heartbeats, and the wait would hold up every survivor's recovery (in full for a host lost whole, whose
+    launcher posts nothing) while naming nothing the job does not log anyway.
+
+    >>> PeerReports.for_this_process().awaited  # False in a worker of `gradsync run --elastic`
+    True
+    """
+
+    def __init__(self, awaited: bool = True) -> None:
+        self.awaited = awaited
+
+    @classmethod
+    def for_this_process(cls) -> PeerReports:
+        """Awaited, except in a worker of ``gradsync run --elastic``, whose every group is a membership round's."""
+        from gradsync.runtime.env import in_elastic_job  # runtime imports collectives
+
+        return cls(awaited=not in_elastic_job())
+
+    def post(self, message: str) -> None:
+        """Record ``message`` as this rank's failure; never raises (an error is already in flight)."""
+        post_error(message)
+
+    def post_step(self, step: int) -> None:
+        post_step(step)
+
+    def describe(self, grace: float = 0.0, collective: str | None = None, step: int | None = None) -> str:
+        """:func:`describe_peer_errors`, waiting ``grace`` only where reports are awaited."""
+        return describe_peer_errors(grace if self.awaited else 0.0, collective, step)
 
 
 def post_error(message: str) -> None:
@@ -38,26 +73,6 @@ def post_error_for(store: dist.Store, rank: int, message: str) -> None:
         store.set(f"{_PREFIX}{rank}", message)
     except Exception:
         pass
-
-
-def recovered_by_members(store: dist.Store) -> None:
-    """Say in ``store``, a group's, that its members recover from a failed collective themselves (gradsync.elastic's
-    rounds: the next round's leader learns who is gone from the launchers' reports and the heartbeats), so that a
-    rank whose collective failed waits for no peer's report. The wait only names the cause in the error, which the
-    elastic job logs and goes on; it would hold up every survivor's recovery by :func:`report_grace` (in full on
-    each host lost whole, whose launcher is gone with it and posts nothing), and keep the survivor's group open
-    meanwhile, so the members waiting on it would fail no sooner either."""
-    store.set(_NOT_AWAITED, "1")
-
-
-def _reports_awaited() -> bool:
-    store = _store()
-    if store is None:
-        return False
-    try:
-        return not store.check([_NOT_AWAITED])
-    except Exception:
-        return False
 
 
 def post_step(step: int) -> None:
@@ -122,10 +137,7 @@ def describe_peer_errors(grace: float = 0.0, collective: str | None = None, step
     seconds for their reports, which ranks said nothing. Those never reached the failed collective (stuck before
     it, or dead): usually the ones to look at. ``collective``: what this rank was in; a peer that failed in another
     one means the ranks were out of step. ``step``: this rank's synced step, when steps are posted (GRADSYNC_DEBUG);
-    a silent peer that posted another one stopped short or ran ahead. No wait in a group whose members recover
-    themselves (:func:`recovered_by_members`)."""
-    if grace and not _reports_awaited():
-        grace = 0.0  # nor a list of the silent ones: the members' next round names who is gone
+    a silent peer that posted another one stopped short or ran ahead."""
     if grace:
         wait_until(lambda: not _still_waiting(peer_errors()), grace, pause=0.02, max_pause=0.05)
     errors = peer_errors()

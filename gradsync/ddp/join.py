@@ -9,16 +9,22 @@ raises a bare backend error there; this says what happened and what to pass.
 from __future__ import annotations
 
 from types import TracebackType
+from typing import Any
 
 import torch.distributed as dist
 from torch.distributed.algorithms.join import Join
 
-from gradsync.collectives.peer_errors import describe_peer_errors, post_error
+from gradsync.collectives.communicator import Communicator
 from gradsync.errors import CollectiveError, GradsyncError
 
 
 class NamedJoin(Join):
-    """``Join`` whose joined-rank failures name the cause (same arguments and behaviour otherwise)."""
+    """``Join`` whose joined-rank failures name the cause, reported to the peers through ``comm`` (torch's arguments
+    and behaviour otherwise)."""
+
+    def __init__(self, joinables: list, *args: Any, comm: Communicator, **kwargs: Any) -> None:
+        super().__init__(joinables, *args, **kwargs)
+        self._comm = comm
 
     def __exit__(
         self,
@@ -37,5 +43,5 @@ class NamedJoin(Join):
                 "every object that issues collectives in the loop to torch's Join, e.g. Join([ddp, optimizer]) for "
                 "a ShardedOptimizer, and keep collectives of your own out of the loop (or make them Joinable)."
             )
-            post_error(message)
-            raise CollectiveError(message + describe_peer_errors(grace=2.0)) from exc
+            self._comm.report(message)
+            raise CollectiveError(message + self._comm.reports.describe(grace=2.0)) from exc

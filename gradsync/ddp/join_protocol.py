@@ -52,6 +52,7 @@ class JoinProtocol:
             enable,
             throw_on_early_termination,
             divide_by_initial_world_size=divide_by_initial_world_size,
+            comm=self._comm,
         )
 
     def hook(self, **kwargs: Any) -> JoinHook:

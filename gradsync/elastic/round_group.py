@@ -14,7 +14,6 @@ from collections.abc import Callable, Collection
 import torch.distributed as dist
 
 from gradsync import torch_private
-from gradsync.collectives.peer_errors import recovered_by_members
 from gradsync.elastic import formation, keys, verdicts
 from gradsync.elastic.connect_timeout import ConnectTimeout
 from gradsync.elastic.errors import MembershipChanged
@@ -104,7 +103,6 @@ class RoundGroup:
             self._init_group(round_)
         finally:
             self._forming = None
-        recovered_by_members(torch_private.default_store())  # before this member's first collective can fail
         self._formed = round_
 
     def _init_group(self, round_: Round) -> None:

@@ -15,7 +15,6 @@ import torch
 
 from gradsync import torch_private
 from gradsync.collectives.communicator import Communicator, Op
-from gradsync.collectives.peer_errors import post_error
 from gradsync.errors import ConfigError, GradientError
 from gradsync.reducer import messages
 from gradsync.reducer.grad_bucket import GradBucket, result_future
@@ -100,7 +99,7 @@ class FiniteChecked:
         if not bool(torch.isfinite(buffer).all()):
             first = next((p for v, p in zip(views, params) if not bool(torch.isfinite(v).all())), params[0])
             message = messages.non_finite_gradient(self.comm.rank, self._names.get(id(first), "?"), k)
-            post_error(message)
+            self.comm.report(message)
             raise GradientError(message)
         return self.inner.launch(k, buffer, views, params, is_last)
 

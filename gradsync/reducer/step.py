@@ -23,7 +23,6 @@ from typing import Any
 import torch
 
 from gradsync.collectives.communicator import Communicator, Op
-from gradsync.collectives.peer_errors import post_error
 from gradsync.errors import ConfigError, GradientError
 from gradsync.observe.recorder import Recorder
 from gradsync.reducer import messages
@@ -257,15 +256,11 @@ class BackwardStep:
         return messages.bucket_description(self.layout.buckets[k], len(self.layout.buckets), self.ctx.names)
 
     def raise_not_ready(self, hint: str) -> None:
-        """The backward ended with gradients missing: name them on every rank (posted for the others) and stop."""
-        _raise_no_gradient(self.missing(), hint)
-
-
-def _raise_no_gradient(names: list[str], hint: str) -> None:
-    """Name the parameters without a gradient on every rank (posted for the others) and stop."""
-    message = messages.no_gradient(torch.distributed.get_rank(), names, hint)
-    post_error(message)
-    raise GradientError(message)
+        """The backward ended with gradients missing: name them on every rank (posted for the others through the
+        communicator) and stop."""
+        message = messages.no_gradient(self.ctx.comm.rank, self.missing(), hint)
+        self.ctx.comm.report(message)
+        raise GradientError(message)
 
 
 def _ignore(_step: BackwardStep, _bucket: AnyBucket) -> None:
