@@ -8,6 +8,11 @@ batch ``--accum`` times larger, with 1/accum of the communication (Li et al., se
     python examples/train_chars.py                                   # one process
     gradsync run --nproc-per-node 2 examples/train_chars.py          # two processes
     gradsync run --nproc-per-node 2 examples/train_chars.py --accum 8 --steps 300
+    gradsync run --nproc-per-node 2 examples/train_chars.py --bf16   # mixed precision: bf16 compute, fp32 weights
+
+With ``--bf16`` the wrapper holds the mixed-precision policy (``mixed_precision=gradsync.MixedPrecision(...)``): the
+forward and backward compute in bfloat16 on copies made once per forward, gradients are averaged in float32 and
+land in the float32 parameters' ``.grad``, so AdamW steps float32 master weights.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ parser.add_argument("--accum", type=int, default=4, help="micro-batches per opti
 parser.add_argument("--batch-size", type=int, default=16, help="sequences per micro-batch, per rank")
 parser.add_argument("--context", type=int, default=64)
 parser.add_argument("--lr", type=float, default=3e-3)
+parser.add_argument("--bf16", action="store_true", help="mixed precision: bf16 compute, fp32 reduction and weights")
 args = parser.parse_args()
 
 info = gradsync.init()
@@ -68,7 +74,8 @@ class CharTransformer(nn.Module):
 
 
 model = CharTransformer(len(chars)).to(info.device)
-ddp = gradsync.DistributedDataParallel(model)
+policy = gradsync.MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if args.bf16 else None
+ddp = gradsync.DistributedDataParallel(model, mixed_precision=policy)
 optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
 log = print if info.is_main else (lambda *a, **k: None)
 log(
@@ -78,7 +85,7 @@ log(
 
 
 def loss_on(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    return nn.functional.cross_entropy(ddp(x).flatten(0, 1), y.flatten())
+    return nn.functional.cross_entropy(ddp(x).float().flatten(0, 1), y.flatten())
 
 
 # -------------------------------------------------------------------------------------------- train

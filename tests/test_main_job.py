@@ -45,9 +45,12 @@ def test_trains_and_resumes(tmp_path: Path) -> None:
     assert float(re.search(r"FINAL_ACCURACY (\S+)", resumed.stdout).group(1)) > 0.8
 
 
-@pytest.mark.timeout(180)
-def test_char_transformer_with_no_sync_accumulation_learns(tmp_path: Path) -> None:
-    proc = _launch(tmp_path, EXAMPLE.with_name("train_chars.py"), "--steps", "40", "--accum", "2")
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_char_transformer_with_no_sync_accumulation_learns(tmp_path: Path, precision: str) -> None:
+    """In float32, and with mixed precision (bf16 compute, float32 master weights: the parameters stay float32)."""
+    extra = ["--bf16"] if precision == "bf16" else []
+    proc = _launch(tmp_path, EXAMPLE.with_name("train_chars.py"), "--steps", "40", "--accum", "2", *extra)
     found = re.search(r"FINAL_VAL_LOSS (\S+) UNIFORM (\S+)", proc.stdout)
     assert float(found.group(1)) < 0.6 * float(found.group(2)), proc.stdout  # far better than guessing
 
