@@ -19,6 +19,9 @@ from collections.abc import Mapping
 from gradsync.errors import ConfigError
 from gradsync.validate import MAX_SECONDS, is_timeout
 
+# The elastic job's store (host:port, or etcd://...), set by `gradsync run --elastic` for each of its workers.
+ELASTIC_STORE_VARIABLE = "GRADSYNC_ELASTIC_STORE"
+
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
 
@@ -103,3 +106,13 @@ def timeout_seconds(default: float, environ: Mapping[str, str] | None = None) ->
     120.0
     """
     return read_seconds("GRADSYNC_TIMEOUT", default, environ)
+
+
+def in_elastic_job(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether this process is a worker of ``gradsync run --elastic`` (``GRADSYNC_ELASTIC_STORE`` set): a member
+    lost during a collective is then a membership change, for the job's State to recover from.
+
+    >>> in_elastic_job({"GRADSYNC_ELASTIC_STORE": "10.0.0.1:29500"}), in_elastic_job({})
+    (True, False)
+    """
+    return bool(_environment(environ).get(ELASTIC_STORE_VARIABLE))

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch.distributed as dist
 
-from gradsync import torch_private
+from gradsync import settings, torch_private
 from gradsync.polling import wait_until
 
 _PREFIX = "gradsync/error/"
@@ -44,9 +44,7 @@ class PeerReports:
     @classmethod
     def for_this_process(cls) -> PeerReports:
         """Awaited, except in a worker of ``gradsync run --elastic``, whose every group is a membership round's."""
-        from gradsync.runtime.env import in_elastic_job  # runtime imports collectives
-
-        return cls(awaited=not in_elastic_job())
+        return cls(awaited=not settings.in_elastic_job())
 
     def post(self, message: str) -> None:
         """Record ``message`` as this rank's failure; never raises (an error is already in flight)."""

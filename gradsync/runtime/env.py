@@ -8,7 +8,6 @@ import datetime
 import os
 import re
 import socket
-from collections.abc import Mapping
 
 import torch
 import torch.distributed as dist
@@ -17,8 +16,10 @@ from gradsync import settings
 from gradsync.collectives.groups import release_backend_threads
 from gradsync.errors import CollectiveError, ConfigError
 
-# The elastic job's store (host:port, or etcd://...), set by `gradsync run --elastic` for each of its workers.
-ELASTIC_STORE_VARIABLE = "GRADSYNC_ELASTIC_STORE"
+# Defined in settings, where collectives reads them too; re-exported here for the launcher and the elastic job.
+from gradsync.settings import ELASTIC_STORE_VARIABLE as ELASTIC_STORE_VARIABLE
+from gradsync.settings import in_elastic_job as in_elastic_job
+
 DEFAULT_TIMEOUT_S = 600.0  # torch's own default for gloo and NCCL; GRADSYNC_TIMEOUT (seconds) overrides
 
 
@@ -263,13 +264,3 @@ def shutdown() -> None:
         finally:
             dist.destroy_process_group()
     release_backend_threads()
-
-
-def in_elastic_job(environ: Mapping[str, str] | None = None) -> bool:
-    """Whether this process is a worker of ``gradsync run --elastic`` (``GRADSYNC_ELASTIC_STORE`` set): a member
-    lost during a collective is then a membership change, for the job's State to recover from.
-
-    >>> in_elastic_job({"GRADSYNC_ELASTIC_STORE": "10.0.0.1:29500"}), in_elastic_job({})
-    (True, False)
-    """
-    return bool((os.environ if environ is None else environ).get(ELASTIC_STORE_VARIABLE))
