@@ -221,6 +221,7 @@ def _cli(args: list[str], timeout: float = 60) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.long
 @pytest.mark.timeout(60)
 def test_report_on_a_bad_file_prints_one_line(tmp_path: Path) -> None:
     empty, junk = tmp_path / "empty.json", tmp_path / "junk.json"
@@ -236,6 +237,7 @@ def test_report_on_a_bad_file_prints_one_line(tmp_path: Path) -> None:
         assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.long
 @pytest.mark.timeout(60)
 def test_launcher_refuses_a_busy_port_and_zero_workers_at_once() -> None:
     with socket.socket() as busy:
@@ -251,6 +253,7 @@ def test_launcher_refuses_a_busy_port_and_zero_workers_at_once() -> None:
         assert proc.returncode == 2 and "at least 1 worker" in proc.stderr and "Traceback" not in proc.stderr
 
 
+@pytest.mark.long
 @pytest.mark.timeout(120)
 def test_watchdog_stops_a_hung_job_with_the_stacks() -> None:
     start = time.monotonic()

@@ -17,6 +17,7 @@ from gradsync import cli
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.long
 @pytest.mark.timeout(120)
 def test_bench_writes_ratios_tuning_and_a_png(tmp_path: Path) -> None:
     out = tmp_path / "cnn.json"  # 1 MiB of gradients: enough for the tuner to probe (tiny models are not tuned)
@@ -45,6 +46,7 @@ def test_bench_writes_ratios_tuning_and_a_png(tmp_path: Path) -> None:
     assert re.fullmatch("[0-9a-f]{40}", made_by["commit"]) and isinstance(made_by["dirty"], bool), made_by
 
 
+@pytest.mark.long
 @pytest.mark.timeout(180)
 def test_tensor_parallel_bench_times_both_ddps_over_one_tp_model(tmp_path: Path) -> None:
     out = tmp_path / "tp.json"
@@ -64,6 +66,7 @@ def test_tensor_parallel_bench_times_both_ddps_over_one_tp_model(tmp_path: Path)
     assert run["averaged_mib_per_dp_rank"] * 2**20 == 4 * (2 * 32 + 32 * 64 + 64 + 32 * 64 + 32), run  # tp halves
 
 
+@pytest.mark.long
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("order", ["inner", "outer"])
 def test_compiled_bench_splits_gradsyncs_graph_and_reports_exposed_communication(tmp_path: Path, order: str) -> None:

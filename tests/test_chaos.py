@@ -73,6 +73,7 @@ def test_a_fault_stands_alone_only_without_a_partition_in_reach_or_another_fault
 # timeout: a fault that lands while a round forms, or a survivor already inside a collective with a silent peer (gloo
 # cannot abort), waits out one timeout, and CI saw one such pause among three. The soak's worst of 374 was 7.0 s
 # (docs/elastic.md); a pause past three timeouts means a fault was waited out more than twice, or a livelock.
+@pytest.mark.long
 @pytest.mark.timeout(300)
 def test_a_few_seeded_random_faults_lose_nothing(tmp_path: Path) -> None:
     result = chaos.run(tmp_path, hosts=4, budget_s=24, mean_s=5, seed=3, kinds=("sigkill", "pair", "host"))

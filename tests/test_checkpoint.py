@@ -21,6 +21,7 @@ from gradsync.testing import spawn
 SCRIPTS = Path(__file__).parent / "scripts"
 
 
+@pytest.mark.long
 @pytest.mark.timeout(180)
 def test_sigkill_during_save_leaves_previous_checkpoint(tmp_path: Path) -> None:
     path = tmp_path / "ckpt.pt"

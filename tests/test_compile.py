@@ -151,6 +151,7 @@ def test_compiled_matches_torch_and_eager(mode: str) -> None:
     _check(results, pairs)
 
 
+@pytest.mark.long
 @pytest.mark.timeout(600)
 def test_fullgraph_and_inductor() -> None:
     """fullgraph=True in both orders (torch's DDP itself graph-breaks when compiled from outside, so it is compared
@@ -283,6 +284,7 @@ def _gpt(rank: int, world: int, impl: str, backend: str) -> dict[str, torch.Tens
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
+@pytest.mark.long
 @pytest.mark.timeout(900)
 def test_nanogpt_order_matches_torch() -> None:
     ours = spawn(_gpt, 2, args=("gradsync", "inductor"), timeout=840)
@@ -292,6 +294,7 @@ def test_nanogpt_order_matches_torch() -> None:
         assert diff <= 1e-5, f"rank {rank}: compiled GPT differs from torch's compiled DDP by {diff:.3g}"
 
 
+@pytest.mark.long
 @pytest.mark.timeout(400)
 def test_the_docs_example_runs_as_written(tmp_path: Path) -> None:
     """docs/compiled.md's example, as written, on 2 ranks: both orders compile, and dynamo splits the graph."""

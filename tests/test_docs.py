@@ -462,8 +462,16 @@ def launched_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, BaseExc
         return dict(zip((e.id for e in chosen), pool.map(outcome, chosen)))
 
 
+def _long_if(launched: bool, value: object) -> object:
+    """A launched block or example (``gradsync run`` and its workers starting Python and torch, seconds each) runs in
+    the long tier (``pytest -m long``, which CI runs); the rest in the default one."""
+    return pytest.param(value, marks=pytest.mark.long) if launched else value
+
+
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("example", examples(), ids=lambda e: e.id)
+@pytest.mark.parametrize(
+    "example", [_long_if(e.id.split("[")[0] in LAUNCHED, e) for e in examples()], ids=lambda e: e.id
+)
 def test_every_docstring_example_runs_as_written(
     example: Example, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, launched_runs: dict
 ) -> None:
@@ -511,6 +519,7 @@ def test_every_documented_class_and_function_has_an_example() -> None:
 
 
 # ------------------------------------------------------------------------------------------------ the site
+@pytest.mark.long
 @pytest.mark.timeout(600)
 def test_the_site_builds_without_a_warning() -> None:
     """docs/index.md's command, as written: ``-W`` makes every warning an error and ``-E`` reads every page and
@@ -537,7 +546,8 @@ def test_ci_runs_the_readmes_commands() -> None:
     ci = (ROOT / ".ci" / "run").read_text()
     ci_extras = {e for group in re.findall(r"-e '\.\[([\w,]+)\]'", ci) for e in group.split(",")}
     assert set(readme.group(1).split(",")) == ci_extras and "docs" in ci_extras, (readme.group(1), ci_extras)
-    assert re.search(r"^\.venv/bin/python -m pytest", ci, re.M)
+    assert re.search(r"^\.venv/bin/python -m pytest -q$", ci, re.M)  # the default tier, as README's command
+    assert re.search(r"^\.venv/bin/python -m pytest -q -m long$", ci, re.M)  # and the long tier
     assert setup[0].code.strip().endswith(".venv/bin/gradsync run --nproc-per-node 2 examples/train_digits.py")
     # tests/test_main_job.py runs that script the same way (gradsync run, 2 processes) and checks that it learns
     assert '"examples" / "train_digits.py"' in (ROOT / "tests" / "test_main_job.py").read_text()
@@ -650,7 +660,7 @@ def test_every_code_block_of_readme_and_docs_is_run_by_a_test() -> None:
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("key", sorted(PAGE_BLOCKS))
+@pytest.mark.parametrize("key", [_long_if(PAGE_BLOCKS[k][0] is not None, k) for k in sorted(PAGE_BLOCKS)])
 def test_the_pages_blocks_run_as_written(key: str, tmp_path: Path, monkeypatch) -> None:
     launched, setup, check = PAGE_BLOCKS[key]
     code = _page_blocks()[key]
@@ -721,6 +731,7 @@ def _launch_env(**extra: str) -> dict[str, str]:
     return env
 
 
+@pytest.mark.long
 @pytest.mark.timeout(300)
 def test_the_launching_commands_run_as_written(tmp_path: Path) -> None:
     """docs/launching.md's first two commands, as written, on this machine: both ranks train; the second's train.py
@@ -740,6 +751,7 @@ def test_the_launching_commands_run_as_written(tmp_path: Path) -> None:
             assert f"rank {rank} of 2 done in attempt {attempt}" in done.stdout, done.stdout[-2000:]
 
 
+@pytest.mark.long
 @pytest.mark.netlab()
 @pytest.mark.timeout(300)
 def test_the_launching_commands_for_two_hosts_run_as_written(tmp_path: Path) -> None:

@@ -325,6 +325,7 @@ def test_the_docs_commands_run_as_written(tmp_path: Path) -> None:
     assert done.returncode == 0 and "gradsync doctor" in done.stdout, done.stdout + done.stderr
 
 
+@pytest.mark.long
 @pytest.mark.netlab()
 @pytest.mark.timeout(120)
 def test_the_docs_commands_for_two_hosts_run_as_written(tmp_path: Path) -> None:

@@ -98,6 +98,7 @@ def test_a_killed_ranks_unrecorded_share_is_filled_only_within_the_kills_injecte
         unrecorded_shares(recorded, killed=0)
 
 
+@pytest.mark.long
 @needs_lab
 @pytest.mark.timeout(420)
 def test_survivors_continue_after_sigkill_and_the_worker_rejoins(tmp_path: Path) -> None:
@@ -122,6 +123,7 @@ def test_survivors_continue_after_sigkill_and_the_worker_rejoins(tmp_path: Path)
     assert all(abs(f["loss"] - ref_loss) <= 0.15 * ref_loss + 0.01 for f in ended)
 
 
+@pytest.mark.long
 @needs_lab
 @pytest.mark.timeout(300)
 def test_a_member_lost_as_a_restarted_worker_builds_its_model_costs_a_round_not_a_restart(tmp_path: Path) -> None:
@@ -154,6 +156,7 @@ def _check_hook_and_monitor_ran_throughout(run: dict, hook: str) -> None:
         assert len({f["diloco_steps"] for f in ended}) == 1, ended
 
 
+@pytest.mark.long
 @needs_lab
 @pytest.mark.timeout(420)
 def test_a_comm_hook_and_a_monitor_survive_a_kill_and_the_rejoin(tmp_path: Path) -> None:
@@ -263,6 +266,7 @@ def test_a_member_watched_again_gets_a_fresh_timeout_but_an_exit_stays_final() -
         liveness.stop()
 
 
+@pytest.mark.long
 @needs_lab
 @pytest.mark.timeout(180)
 def test_losing_the_stores_host_ends_the_job_within_seconds_with_one_line(tmp_path: Path) -> None:
@@ -306,6 +310,7 @@ def test_a_launcher_tells_a_store_that_is_gone_from_one_out_of_reach(monkeypatch
     assert serving.lost is None
 
 
+@pytest.mark.long
 @pytest.mark.timeout(240)
 def test_the_store_does_not_grow_with_the_steps(tmp_path: Path) -> None:
     """Elastic touches the store per membership change, not per step: after 2,000 steps it holds as many keys as
@@ -318,6 +323,7 @@ def test_the_store_does_not_grow_with_the_steps(tmp_path: Path) -> None:
         assert late == early, f"{path.name}: {early} keys after 200 steps, {late} after 2,000"
 
 
+@pytest.mark.long
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("block", [0, 1], ids=["run", "guard"])
 def test_the_docs_elastic_examples_run_as_written(tmp_path: Path, block: int) -> None:
@@ -391,6 +397,7 @@ def _check_one_model_every_sample_once(run: dict) -> None:
     assert len(ended) == HOSTS and len({round(f["checksum"], 6) for f in ended}) == 1, ended  # the rejoined too
 
 
+@pytest.mark.long
 @needs_lab
 @needs_etcd
 @pytest.mark.timeout(300)
@@ -425,6 +432,7 @@ def test_on_etcd_the_job_survives_the_link_of_the_host_that_started_it(tmp_path:
     _check_one_model_every_sample_once(run)
 
 
+@pytest.mark.long
 @needs_etcd
 @pytest.mark.timeout(180)
 def test_on_etcd_losing_one_member_of_three_changes_nothing_for_training(tmp_path: Path) -> None:
@@ -447,6 +455,7 @@ def test_on_etcd_losing_one_member_of_three_changes_nothing_for_training(tmp_pat
         assert all(f["recoveries"] == [] for f in ended), [f["recoveries"] for f in ended]
 
 
+@pytest.mark.long
 @needs_etcd
 @pytest.mark.timeout(180)
 def test_on_etcd_losing_two_members_stops_every_worker_with_the_store_named(tmp_path: Path) -> None:
@@ -536,6 +545,7 @@ def _secured_pki(made: certs.Files, folder: Path) -> None:
     (pki / "trainer.password").write_text("trainer-secret\n")
 
 
+@pytest.mark.long
 @needs_lab
 @needs_etcd
 @needs_etcdctl
@@ -581,6 +591,7 @@ def test_the_docs_secured_etcd_blocks_run_as_written(tmp_path: Path) -> None:
                 p.wait()
 
 
+@pytest.mark.long
 @needs_lab
 @pytest.mark.timeout(240)
 def test_the_docs_elastic_command_runs_on_three_hosts(tmp_path: Path) -> None:
@@ -598,6 +609,7 @@ def test_the_docs_elastic_command_runs_on_three_hosts(tmp_path: Path) -> None:
         _run_on_every_host(lab, tmp_path, out, script, lambda host: {})
 
 
+@pytest.mark.long
 @needs_lab
 @needs_etcd
 @pytest.mark.timeout(240)

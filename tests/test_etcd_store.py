@@ -99,6 +99,7 @@ print(x.tolist(), took)
 """
 
 
+@pytest.mark.long
 @pytest.mark.timeout(90)
 def test_torchs_gloo_group_forms_and_reduces_on_it(etcd: etcd_cluster.Cluster) -> None:
     """A round's process group rendezvous through a PrefixStore on etcd, as Membership.form_group does (no

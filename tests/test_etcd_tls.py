@@ -214,6 +214,7 @@ def test_tls_and_a_user_against_a_plain_cluster_are_refused(plain: etcd_cluster.
 
 
 # ------------------------------------------------------------------------------ the launcher, workers and doctor
+@pytest.mark.long
 @needs_etcd
 @pytest.mark.timeout(240)
 def test_a_job_trains_on_a_secured_cluster_with_torchruns_flags(secured: Secured, tmp_path: Path) -> None:
@@ -229,6 +230,7 @@ def test_a_job_trains_on_a_secured_cluster_with_torchruns_flags(secured: Secured
     assert PASSWORD not in output
 
 
+@pytest.mark.long
 @needs_etcd
 @pytest.mark.timeout(120)
 def test_a_launcher_whose_password_is_wrong_stops_at_once_saying_so(secured: Secured, tmp_path: Path) -> None:

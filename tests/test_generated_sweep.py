@@ -16,6 +16,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from conformance.sweep.generated import api, commands, restore, surface
 
 ROOT = Path(__file__).parents[1]
@@ -70,6 +72,7 @@ def test_every_flag_key_and_variable_has_wrong_values_or_a_reason() -> None:
     assert not missing, f"not covered by the generated sweep: {missing}"
 
 
+@pytest.mark.long
 def test_this_slices_surfaces_refuse_every_wrong_value_clearly(tmp_path: Path) -> None:
     """Wrong values on comm, optim, data, nn, checkpoint and settings: each a clear error when given; each valid
     baseline (of every surface) accepted. Other surfaces' findings are the full run's (conformance/results/)."""
@@ -78,6 +81,7 @@ def test_this_slices_surfaces_refuse_every_wrong_value_clearly(tmp_path: Path) -
     assert not bad, "\n".join(bad)
 
 
+@pytest.mark.long
 def test_the_cli_elastic_observe_and_integrations_refuse_every_wrong_value_clearly(tmp_path: Path) -> None:
     """Every gradsync run / doctor flag, --rdzv-conf key, and elastic, observe, runtime and integrations argument:
     each wrong value a clear error when given (one line and exit 2 for a command)."""

@@ -26,6 +26,7 @@ def _losses(cwd: Path, ddp: str) -> list[float]:
     return line["losses"]
 
 
+@pytest.mark.long
 @pytest.mark.timeout(600)
 def test_3d_parallel_gpt_learns_and_its_loss_curve_equals_torchs_ddp(tmp_path: Path) -> None:
     ours, theirs = _losses(tmp_path, "gradsync"), _losses(tmp_path, "torch")

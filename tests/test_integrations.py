@@ -29,6 +29,7 @@ def _same(a: dict, b: dict) -> None:
         torch.testing.assert_close(a[key], b[key], rtol=0, atol=1e-6, msg=key)
 
 
+@pytest.mark.long
 @pytest.mark.timeout(400)
 def test_lightning_trainer_with_the_gradsync_strategy_matches_ddp(tmp_path: Path) -> None:
     pytest.importorskip("lightning")
@@ -38,6 +39,7 @@ def test_lightning_trainer_with_the_gradsync_strategy_matches_ddp(tmp_path: Path
     )
 
 
+@pytest.mark.long
 @pytest.mark.timeout(400)
 def test_lightning_fabric_with_the_gradsync_strategy_matches_ddp(tmp_path: Path) -> None:
     pytest.importorskip("lightning")
@@ -45,6 +47,7 @@ def test_lightning_fabric_with_the_gradsync_strategy_matches_ddp(tmp_path: Path)
     _same(ours, _train("fabric_train.py", "ddp", tmp_path / "t.pt"))
 
 
+@pytest.mark.long
 @pytest.mark.timeout(400)
 def test_accelerate_with_gradsync_matches_accelerates_ddp(tmp_path: Path) -> None:
     pytest.importorskip("accelerate")
@@ -61,6 +64,7 @@ def _ray_env() -> dict[str, str]:
     return env | {"PYTHONPATH": root, "RAY_USAGE_STATS_ENABLED": "0", "RAY_DISABLE_DOCKER_CPU_WARNING": "1"}
 
 
+@pytest.mark.long
 @pytest.mark.timeout(300)
 def test_ray_runs_the_docs_block_and_matches_rays_ddp(tmp_path: Path) -> None:
     """docs/integrations.md's Ray block (its third, after Lightning's and Accelerate's), as written, then gradsync

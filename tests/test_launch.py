@@ -27,6 +27,7 @@ def _run(args: list[str], timeout: float = 90) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.long
 @pytest.mark.timeout(120)
 def test_workers_get_torchrun_environment(tmp_path: Path) -> None:
     proc = _run(["--nproc-per-node", "2", "--standalone", str(SCRIPTS / "env_dump.py"), str(tmp_path)])
@@ -47,6 +48,7 @@ def test_failure_names_rank_exit_code_and_stderr() -> None:
     assert "fail_once: rank 1 crashing on purpose" in proc.stderr.split("gradsync run: rank ")[-1]
 
 
+@pytest.mark.long
 @pytest.mark.timeout(300)
 def test_restart_after_failure_works_every_time() -> None:
     """torchrun restarted this cleanly 1–2 times in 4 on torch 2.13 (stale keys in a shared store)."""
@@ -103,6 +105,7 @@ def _pet_env(**pet: str) -> dict[str, str]:
 _ENV_KEYS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_WORLD_SIZE")
 
 
+@pytest.mark.long
 @pytest.mark.timeout(180)
 def test_gradsync_run_takes_its_configuration_from_pet_variables_as_torchrun_does(tmp_path: Path) -> None:
     """No flags: nodes, workers per node, node rank, master and restarts from PET_* (torchrun's `env` action, which
@@ -127,6 +130,7 @@ def _manifest(name: str) -> dict:
     return yaml.safe_load((Path(__file__).parents[1] / "examples" / "kubernetes" / name).read_text())
 
 
+@pytest.mark.long
 @pytest.mark.timeout(180)
 def test_the_static_pytorchjobs_command_runs_with_the_variables_the_operator_sets(tmp_path: Path) -> None:
     """examples/kubernetes/pytorchjob.yaml's command, as written, in one "pod" with the PET_* variables the

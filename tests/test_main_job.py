@@ -28,6 +28,7 @@ def _run(tmp_path: Path, *extra: str) -> subprocess.CompletedProcess:
     return _launch(tmp_path, EXAMPLE, "--out", str(tmp_path / "ckpt"), *extra)
 
 
+@pytest.mark.long
 @pytest.mark.timeout(300)
 def test_trains_and_resumes(tmp_path: Path) -> None:
     proc = _run(tmp_path, "--epochs", "3", "--trace", str(tmp_path / "trace.json"))
@@ -45,6 +46,7 @@ def test_trains_and_resumes(tmp_path: Path) -> None:
     assert float(re.search(r"FINAL_ACCURACY (\S+)", resumed.stdout).group(1)) > 0.8
 
 
+@pytest.mark.long
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 def test_char_transformer_with_no_sync_accumulation_learns(tmp_path: Path, precision: str) -> None:
@@ -55,6 +57,7 @@ def test_char_transformer_with_no_sync_accumulation_learns(tmp_path: Path, preci
     assert float(found.group(1)) < 0.6 * float(found.group(2)), proc.stdout  # far better than guessing
 
 
+@pytest.mark.long
 @pytest.mark.timeout(180)
 @pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed (Debian: apt-get install tmux)")
 def test_in_a_terminal_each_epochs_bar_comes_before_its_line(tmp_path: Path) -> None:

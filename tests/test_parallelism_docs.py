@@ -23,6 +23,7 @@ CHECKS = {
 }
 
 
+@pytest.mark.long
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("section", list(CHECKS))
 def test_the_blocks_run_as_written_on_four_ranks(section: str, tmp_path: Path) -> None:

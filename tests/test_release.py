@@ -99,6 +99,7 @@ def test_the_wheels_metadata_is_pyprojects(wheel: Path) -> None:
     assert done.returncode == 0, done.stdout + done.stderr
 
 
+@pytest.mark.long
 @pytest.mark.timeout(300)
 def test_the_site_builds_from_the_docs_extra_alone(tmp_path: Path) -> None:
     """docs/index.md's build, with only what ``pip install gradsync[docs]`` installs importable (as on a docs host:

@@ -75,6 +75,7 @@ def _peer_hangs(rank: int, world_size: int) -> tuple[float, str]:
     raise AssertionError("rank 0 did not fail")
 
 
+@pytest.mark.long
 @pytest.mark.timeout(90)
 def test_hung_peer_times_out_instead_of_hanging() -> None:
     with pytest.raises(SpawnError) as info:

@@ -74,6 +74,7 @@ def test_a_failed_member_closing_its_group_frees_the_survivors_waiting_on_it() -
     assert closed[-1] < 1.5, closed  # closed: within a second of the first failure (0.05 s here)
 
 
+@pytest.mark.long
 @pytest.mark.timeout(90)
 def test_leaving_with_the_failure_held_still_frees_the_survivors() -> None:
     """A recovery holds the failure that started it, and with it the frames its collective failed in: the group

@@ -297,6 +297,7 @@ def test_a_name_that_is_loopback_here_listens_everywhere_on_several_nodes(monkey
     assert store_server.listen_address("0.0.0.0", nodes=2) == "0.0.0.0"  # asked for
 
 
+@pytest.mark.long
 @pytest.mark.timeout(120)
 def test_a_job_rendezvous_over_ipv6(tmp_path: Path) -> None:
     """gradsync run --rdzv-endpoint [::1]:0: torch elastic's c10d rendezvous, on gradsync's store at [::1]."""

@@ -39,6 +39,7 @@ def steps_by_host(events: list[dict], host_of: dict[int, str]) -> dict[tuple, se
     return recorded
 
 
+@pytest.mark.long
 @pytest.mark.netlab()
 @pytest.mark.timeout(300)
 def test_a_partitioned_minority_commits_nothing_of_its_own_and_rejoins_the_majority(tmp_path: Path) -> None:

@@ -62,6 +62,7 @@ def _wait_for(check, what: str, procs: list[subprocess.Popen], seconds: float = 
         time.sleep(0.3)
 
 
+@pytest.mark.long
 @pytest.mark.netlab()
 @pytest.mark.timeout(180)
 def test_the_stores_answer_on_the_jobs_address_only(tmp_path: Path) -> None:

@@ -130,6 +130,7 @@ def _in_threads(calls: list) -> list:  # noqa: ANN001
     return results
 
 
+@pytest.mark.long
 @pytest.mark.netlab(rate=False)
 @pytest.mark.timeout(180)
 def test_the_store_benchmark_checks_its_ranks_against_a_real_one_and_reports(tmp_path: Path) -> None:
@@ -147,6 +148,7 @@ def test_the_store_benchmark_checks_its_ranks_against_a_real_one_and_reports(tmp
     (etcd_cluster.available() or certs.available()) is not None,
     reason=str(etcd_cluster.available() or certs.available()),
 )
+@pytest.mark.long
 @pytest.mark.timeout(180)
 def test_the_request_cost_benchmark_checks_its_mechanisms_and_reports(tmp_path: Path) -> None:
     """bench/store_load/request_cost.py: puts moved etcd's revision, keep-alives did not and renewed their lease,

@@ -273,6 +273,7 @@ def _compiled_against_eager(rank: int, world: int) -> dict:
     }
 
 
+@pytest.mark.long
 @pytest.mark.timeout(300)
 def test_compiled_tensor_parallel_model_trains_as_the_eager_one() -> None:
     """torch.compile(ddp) over the DTensor model: the same parameters as eager (torch 2.13's own DDP fails to

@@ -30,6 +30,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from gradsync import torch_private
 from gradsync.collectives.communicator import Communicator, Op
 from gradsync.errors import ConfigError
 
@@ -189,7 +190,7 @@ class DelayedAllReduce:
     def _queue_end_of_backward(self) -> None:
         if not self._callback_queued:
             self._callback_queued = True
-            torch.autograd.Variable._execution_engine.queue_callback(self._end_of_backward)
+            torch_private.queue_backward_callback(self._end_of_backward)
 
     def _end_of_backward(self) -> None:
         future, late, arrived = self._future, self._late, self._arrived
