@@ -473,10 +473,10 @@ def _long_if(launched: bool, value: object) -> object:
     "example", [_long_if(e.id.split("[")[0] in LAUNCHED, e) for e in examples()], ids=lambda e: e.id
 )
 def test_every_docstring_example_runs_as_written(
-    example: Example, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, launched_runs: dict
+    example: Example, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest
 ) -> None:
-    if example.id.split("[")[0] in LAUNCHED:
-        failure = launched_runs[example.id]
+    if example.id.split("[")[0] in LAUNCHED:  # the launched ones, all run at the first (the long tier's)
+        failure = request.getfixturevalue("launched_runs")[example.id]
         if failure is not None:
             raise failure
         return

@@ -544,6 +544,7 @@ TABLE: dict[str, Target] = {
     "gradsync.settings.debug": Target(lambda: {}, {"environ": OBJ(("not a mapping", ["x"]))}, group=False),
     "gradsync.settings.bucket_tuning": Target(lambda: {}, {"environ": OBJ(("not a mapping", ["x"]))}, group=False),
     "gradsync.settings.lending": Target(lambda: {}, {"environ": OBJ(("not a mapping", ["x"]))}, group=False),
+    "gradsync.settings.in_elastic_job": Target(lambda: {}, {"environ": OBJ(("not a mapping", ["x"]))}, group=False),
     "gradsync.settings.timeout_seconds": Target(
         lambda: {"default": 600.0}, {"default": FREE(_DEFAULT), "environ": OBJ(("not a mapping", ["x"]))}, group=False
     ),
