@@ -47,6 +47,8 @@ python -m bench.sidebyside.repeat --runs 3 --models mlp,gpt --links 1gbit --out 
 # Memory (docs/migrating.md).
 python -m bench.memory --runs 3
 python -m bench.memory --runs 3 --mmap-threshold 65536 --out bench/results/memory-live.json
+# Mixed precision (docs/migrating.md): mixed_precision= against autocast and float32 at CPU bf16.
+python -m bench.mixed_precision --runs 3 --loss-runs 1
 
 # Against the physical limit (docs/benchmarks.md): every step as a multiple of max(model alone, all-reduce alone).
 python -m bench.sidebyside.repeat --runs 3 --models mlp,gpt,cnn --links 1gbit --variants "local;allreduce;torch;gradsync:tune=0;gradsync" --out bench/results/limit
