@@ -7,6 +7,7 @@ for the work in flight), which is what NCCL's stream order gives torch's users o
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 from typing import Any
@@ -82,7 +83,7 @@ def _train(ddp: nn.Module, rank: int, case: Case, barrier: bool) -> list[dict[st
         opt.zero_grad()
         for micro in range(case.micro):
             sync = micro == case.micro - 1
-            with ddp.no_sync() if not sync else _nothing():
+            with ddp.no_sync() if not sync else contextlib.nullcontext():
                 ddp(_x(rank, step, micro), use_side=rank != case.side_skipped_on).pow(2).mean().backward()
             if barrier:
                 dist.barrier()  # torch's delayed all-reduce is never waited for (see the module's docstring)
@@ -90,14 +91,6 @@ def _train(ddp: nn.Module, rank: int, case: Case, barrier: bool) -> list[dict[st
         opt.step()
     seen.append({n: p.detach().clone() for n, p in ddp.module.named_parameters()})
     return seen
-
-
-class _nothing:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> None:
-        return None
 
 
 def _reference(case: Case) -> list[dict[str, torch.Tensor]]:
@@ -183,6 +176,9 @@ def test_misuse_is_refused_by_name(group_of_one: None) -> None:
         _ddp(half, [("middle.bias", half.middle.bias), ("last.weight", half.last.weight)], half.first.weight)
     with pytest.raises(ConfigError, match="delay_all_reduce_named_params"):
         _ddp(m, [("last.bias", m.last.bias)], m.first.weight, mixed_precision=gradsync.MixedPrecision(torch.bfloat16))
+    sparse = nn.Sequential(nn.Embedding(10, 4, sparse=True), nn.Linear(4, 2))
+    with pytest.raises(ConfigError, match="'0.weight' has sparse gradients"):
+        _ddp(sparse, [("0.weight", sparse[0].weight)], sparse[1].weight)
     ddp = _ddp(m, [("last.bias", m.last.bias)], m.first.weight)
     with pytest.raises(ConfigError, match="join\\(\\) with delay_all_reduce_named_params"):
         ddp.join()

@@ -32,6 +32,7 @@ from torch import nn
 
 from gradsync import torch_private
 from gradsync.collectives.communicator import Communicator, Op
+from gradsync.ddp.arguments import sparse_parameters
 from gradsync.errors import ConfigError
 
 _BOTH = (
@@ -98,14 +99,12 @@ def _check_one_buffer(module: nn.Module, names: Sequence[str]) -> None:
                 f"delay_all_reduce_named_params: '{name}' is {p.dtype}; only floating-point parameters have "
                 "gradients to average."
             )
-    for prefix, sub in module.named_modules():
-        if isinstance(sub, (nn.Embedding, nn.EmbeddingBag)) and sub.sparse:
-            clash = [n for n, _ in sub.named_parameters(prefix=prefix) if n in names]
-            if clash:
-                raise ConfigError(
-                    f"delay_all_reduce_named_params: '{clash[0]}' has sparse gradients (sparse=True), which cannot "
-                    "be views of the delayed parameters' dense buffer; leave it to the reducer."
-                )
+    clash = sorted(sparse_parameters(module).intersection(names))
+    if clash:
+        raise ConfigError(
+            f"delay_all_reduce_named_params: '{clash[0]}' has sparse gradients (sparse=True), which cannot be views "
+            "of the delayed parameters' dense buffer; leave it to the reducer."
+        )
 
 
 def _describe(value: object) -> str:
@@ -127,7 +126,6 @@ class DelayedAllReduce:
         self, params: Sequence[nn.Parameter], names: Sequence[str], hook_param: nn.Parameter, comm: Communicator
     ) -> None:
         self._params = list(params)
-        self._names = list(names)
         self._comm = comm
         first = self._params[0]
         self.buffer = torch.zeros(sum(p.numel() for p in self._params), dtype=first.dtype, device=first.device)
@@ -161,11 +159,14 @@ class DelayedAllReduce:
         """After each forward (torch's ``_clear_grad_buffer``): every delayed parameter without a gradient gets its
         view of the buffer, so the backward accumulates into it; a synced forward arms the next backward."""
         missing = [p.grad is None for p in self._params]
-        if all(missing):
-            self.buffer.zero_()
+        every = all(missing)
+        if every:
+            self.buffer.zero_()  # one fill for the whole buffer, as torch batches it
         for param, view, none in zip(self._params, self._views, missing):
             if none:
-                param.grad = view if all(missing) else view.zero_()
+                if not every:
+                    view.zero_()
+                param.grad = view
         self._armed = synced
 
     def _start(self, param: torch.Tensor) -> None:
