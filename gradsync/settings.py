@@ -91,7 +91,7 @@ def bucket_tuning(environ: Mapping[str, str] | None = None) -> bool:
 
 def lending(environ: Mapping[str, str] | None = None) -> bool:
     """``GRADSYNC_LENDING``: after the rebuild, let a fresh ``.grad`` point at its averaged bucket slot instead of
-    copying the averages back (gradsync/reducer/lending.py); off, the reducer copies back as torch's does.
+    copying the averages back (Lending in gradsync/reducer/buckets.py); off, the reducer copies back as torch's does.
 
     >>> lending({"GRADSYNC_LENDING": "0"})
     False

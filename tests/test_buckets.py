@@ -9,7 +9,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from gradsync.reducer.buckets import assign_buckets, make_bucket
+from gradsync.reducer.backward import GradientHooks
+from gradsync.reducer.buckets import EAGER_COPY_BYTES, Bucket, BucketLayout, assign_buckets, is_large
 from gradsync.reducer.caps import size_limits
 
 
@@ -59,13 +60,19 @@ def test_bucket_views_tile_the_buffer() -> None:
         torch.nn.Parameter(torch.randn(5)),
         torch.nn.Parameter(torch.randn(2, 2)),
     ]
-    bucket = make_bucket(0, [2, 0], params, as_view=False)
+    bucket = Bucket(0, [2, 0], params)
     assert bucket.buffer.numel() == 4 + 12
     assert [v.shape for v in bucket.views] == [params[2].shape, params[0].shape]
     bucket.views[0].fill_(1.0)
     bucket.views[1].fill_(2.0)
     assert bucket.buffer.tolist() == [1.0] * 4 + [2.0] * 12
-    assert bucket.hooked_count == 2
+
+
+def test_a_gradient_is_large_from_the_bytes_where_a_copy_of_its_own_pays() -> None:
+    # EAGER_COPY_BYTES, measured in docs/scaling.md: below it a fused copy per bucket is cheaper than a call each.
+    assert EAGER_COPY_BYTES == 128 * 1024
+    assert is_large(torch.empty(32 * 1024)) and not is_large(torch.empty(32 * 1024 - 1))
+    assert is_large(torch.empty(64 * 1024, dtype=torch.bfloat16))  # bytes, not elements
 
 
 def test_size_limits_default_explicit_and_auto() -> None:
@@ -81,8 +88,8 @@ def test_size_limits_default_explicit_and_auto() -> None:
 @pytest.mark.parametrize(
     "shapes",
     [
-        [(64, 64), (8,)],  # one vector: copied with the rest
-        [(64, 64), (8,), (5,), (3, 3)],  # vectors by torch.cat, the matrix by _foreach_copy_
+        [(256, 256), (8,)],  # one vector: copied with the rest
+        [(256, 256), (8,), (5,), (3, 3), (64, 64)],  # vectors by torch.cat, the small matrices by _foreach_copy_
         [(8,), (5,), (2,)],  # vectors only
         [(3, 3), (2, 2)],  # no vectors
     ],
@@ -90,7 +97,7 @@ def test_size_limits_default_explicit_and_auto() -> None:
 @pytest.mark.parametrize("as_view", [False, True])
 @pytest.mark.parametrize("missing", [False, True])
 @pytest.mark.parametrize("quiet", [False, True])
-def test_gather_grads_puts_every_gradient_in_its_slot(shapes: list, as_view: bool, missing: bool, quiet: bool) -> None:
+def test_gather_puts_every_gradient_in_its_slot(shapes: list, as_view: bool, missing: bool, quiet: bool) -> None:
     torch.manual_seed(0)
     params = [torch.nn.Parameter(torch.randn(s)) for s in shapes]
     for p in params:
@@ -100,13 +107,13 @@ def test_gather_grads_puts_every_gradient_in_its_slot(shapes: list, as_view: boo
     # torch's arithmetic (Reducer::mark_variable_ready_dense): a gradient copied in is multiplied by 1 / world size,
     # bit for bit; 3 ranks is where that and a division round differently.
     expected = [None if p.grad is None else torch.mul(p.grad, 1.0 / 3) for p in params]
-    bucket = make_bucket(0, list(range(len(params))), params, as_view)
-    if quiet:  # the last-ready parameter's hook stands for the others; large ones wait for the gather too
-        bucket.stand_for_quiet(list(range(len(params))), include_eager=not as_view)
-    for slot, eager in enumerate(bucket.eager):  # the large ones with hooks arrive first, one by one
-        if eager and bucket.param_indices[slot] not in bucket.quiet:
+    bucket = Bucket(0, list(range(len(params))), params, as_view)
+    # Quiet hooks: the large gradients wait for the gather too; otherwise each arrives alone, first.
+    large = list(range(bucket.n_large))
+    if not quiet:
+        for slot in large:
             bucket.take(slot, 3)
-    bucket.gather_grads(3)
+    bucket.gather(3, large if quiet else ())
     for p, view in zip(bucket.params, bucket.views):
         want = expected[next(i for i, q in enumerate(params) if q is p)]
         assert torch.equal(view, torch.zeros_like(view) if want is None else want)
@@ -117,28 +124,45 @@ def test_gather_grads_puts_every_gradient_in_its_slot(shapes: list, as_view: boo
 def test_a_gradient_already_in_its_slot_is_divided_as_torch_divides_it() -> None:
     # gradient_as_bucket_view's steady state: .grad is the slot, and torch divides it in place (div_, not mul).
     params = [torch.nn.Parameter(torch.randn(3)) for _ in range(2)]
-    bucket = make_bucket(0, [0, 1], params, as_view=True)
+    bucket = Bucket(0, [0, 1], params, as_view=True)
     for p in params:
         p.grad = torch.randn_like(p)
-    bucket.gather_grads(1)  # the first time: .grad moves into its slot
+    bucket.gather(1)  # the first time: .grad moves into its slot
     values = [v.clone() for v in bucket.views]
-    bucket.gather_grads(3)
+    bucket.gather(3)
     assert all(torch.equal(v, w / 3) for v, w in zip(bucket.views, values))
 
 
 def test_quiet_parameters_are_heard_by_count_and_named_by_identity_when_late() -> None:
     params = [torch.nn.Parameter(torch.randn(2)) for _ in range(4)]
-    bucket = make_bucket(0, [0, 1, 2, 3], params, as_view=False)
-    assert bucket.stand_for_quiet([3, 1, 0, 2], include_eager=True) == [0, 1, 3]  # 2 is ready last
-    assert bucket.hooked_count == 1
+    layout = BucketLayout(params, order=[0, 1, 2, 3], limits=[1 << 20], as_view=False)
+    hooks = GradientHooks(params, lambda i: lambda _inputs, _outputs: None)
+    hooks.quiet_down(layout, [3, 1, 0, 2])  # 2 is ready last: its hook stands for the others
+    quiet = hooks.quiet_in(0)
+    assert quiet is not None and sorted(quiet.indices) == [0, 1, 3]
+    assert hooks.hooked_count(layout.buckets[0]) == 1
     for i in (3, 1, 0):
-        bucket.heard.append(params[i])  # what their hooks do
-    assert bucket.unheard() == []
-    bucket.heard.clear()
-    bucket.heard.append(params[3])  # the order changed: 0 and 1 are still to come
-    assert bucket.unheard() == [0, 1]
+        quiet.heard.append(params[i])  # what their hooks do
+    assert quiet.unheard() == []
+    hooks.clear_heard()
+    quiet.heard.append(params[3])  # the order changed: 0 and 1 are still to come
+    assert sorted(quiet.unheard()) == [0, 1]
     for _ in range(100):  # backwards whose notes no synced forward clears (another wrapper training) do not pile up
-        bucket.heard.append(params[0])
-    assert len(bucket.heard) == 3
-    bucket.speak_up()
-    assert bucket.quiet == [] and bucket.hooked_count == 4
+        quiet.heard.append(params[0])
+    assert len(quiet.heard) == 3
+    hooks.hear_late([0, 1])
+    hooks.speak_up_if_order_changed()
+    assert hooks.quiet_in(0) is None and hooks.hooked_count(layout.buckets[0]) == 4
+    hooks.close()
+
+
+def test_a_quiet_hook_notes_its_parameter_and_runs_no_python() -> None:
+    params = [torch.nn.Parameter(torch.randn(2)) for _ in range(3)]
+    layout = BucketLayout(params, order=[0, 1, 2], limits=[1 << 20], as_view=False)
+    fired: list[int] = []
+    hooks = GradientHooks(params, lambda i: lambda _inputs, _outputs: fired.append(i))
+    hooks.quiet_down(layout, [0, 1, 2])
+    sum((p * 1).sum() for p in params).backward()
+    quiet = hooks.quiet_in(0)
+    assert fired == [2] and quiet is not None and quiet.unheard() == []  # 0 and 1 only noted
+    hooks.close()

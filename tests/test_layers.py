@@ -32,7 +32,7 @@ def _modules() -> list[Path]:
 
 
 def _node_of(module: str) -> str:
-    """A folder of gradsync (``gradsync.reducer.step`` -> ``reducer``), or a top-level module (``settings``)."""
+    """A folder of gradsync (``gradsync.reducer.backward`` -> ``reducer``), or a top-level module (``settings``)."""
     parts = module.split(".")
     return parts[1] if len(parts) > 1 else "gradsync"
 

@@ -1,4 +1,4 @@
-"""Write-back by lending (gradsync/reducer/lending.py): a large gradient's averages reach ``.grad`` by pointing it at
+"""Write-back by lending (gradsync/reducer/buckets.py): a large gradient's averages reach ``.grad`` by pointing it at
 its bucket slot instead of copying, and only where nobody can tell: every step equals torch's DDP bit for bit, a
 gradient kept across steps keeps its values, and a gradient (or a view of one) that stays in use gets torch's
 copy-back from then on."""
@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 import gradsync
-from gradsync.reducer.lending import Lending, Verdict, lend
+from gradsync.reducer.buckets import Lending, LendingChoice, lend
 from gradsync.testing import spawn
 from gradsync.torch_private.storage import can_count_storage_uses
 
@@ -29,8 +29,8 @@ pytestmark = pytest.mark.skipif(not can_count_storage_uses(), reason="this torch
 
 def _model() -> nn.Module:
     torch.manual_seed(0)
-    # Two weights of 8,192 values (lent), the rest small (copied back in one fused copy).
-    return nn.Sequential(nn.Linear(16, 512), nn.Tanh(), nn.Linear(512, 16), nn.Tanh(), nn.Linear(16, 3))
+    # Two weights of 65,536 values (256 KiB: large, lent), the rest small (copied back in one fused copy).
+    return nn.Sequential(nn.Linear(16, 4096), nn.Tanh(), nn.Linear(4096, 16), nn.Tanh(), nn.Linear(16, 3))
 
 
 def _pair() -> tuple[nn.Module, nn.Module]:
@@ -138,12 +138,12 @@ def test_gradients_kept_in_place_see_every_step_as_with_torch() -> None:
 def test_a_loan_still_held_moves_the_buckets_once_then_copies() -> None:
     storage = [torch.zeros(8)]
     lending = Lending()
-    assert lending.before_step(storage) is Verdict.LEND  # the baseline: nothing lent yet
-    assert lending.before_step(storage) is Verdict.LEND
+    assert lending.before_step(storage) is LendingChoice.LEND  # the baseline: nothing lent yet
+    assert lending.before_step(storage) is LendingChoice.LEND
     held = storage[0][:4]  # a lent slot someone kept
-    assert lending.before_step(storage) is Verdict.MOVE
+    assert lending.before_step(storage) is LendingChoice.MOVE
     del held
-    assert lending.before_step(storage) is Verdict.COPY  # given up for good: no storage flips back and forth
+    assert lending.before_step(storage) is LendingChoice.COPY  # given up for good: no storage flips back and forth
 
 
 def _switched_off(rank: int, world_size: int) -> dict:

@@ -171,7 +171,7 @@ def _quiet_hooks(rank: int, world_size: int, view: bool, static: bool) -> dict:
         diffs.append(_largest_difference(model, reference))
         for net in (ddp, reference):
             net.zero_grad()
-    kept = sum(len(b.param_indices) - len(b.quiet) for b in ddp.reducer.buckets)
+    kept = len(ddp.reducer.params) - ddp.reducer.quiet_parameters()
     return {"loud": loud, "kept": kept, "buckets": len(ddp.reducer.buckets), "diffs": diffs}
 
 
@@ -216,7 +216,7 @@ def _ready_order_changes(rank: int, world_size: int, static: bool) -> dict:
             net.zero_grad()
             net(torch.randn(3, 4), a_first).pow(2).sum().backward()
         diffs.append(_largest_difference(model, reference))
-        quiet.append(sum(len(b.quiet) for b in ddp.reducer.buckets))
+        quiet.append(ddp.reducer.quiet_parameters())
     return {"diffs": diffs, "quiet": quiet}
 
 
@@ -237,13 +237,13 @@ def test_a_backward_is_nested_only_below_another_one_on_the_same_thread() -> Non
     the error comes a step late. A plain thread stands in for the device thread here."""
     import threading
 
-    from gradsync.reducer import ready
+    from gradsync.reducer import backward
 
     caller = threading.get_ident()
     seen: dict[str, bool] = {}
 
     def note(key: str) -> None:
-        seen[key] = ready.inside_nested_backward(caller)
+        seen[key] = backward.inside_nested_backward(caller)
 
     class Reentrant(torch.autograd.Function):
         @staticmethod

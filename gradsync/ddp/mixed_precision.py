@@ -35,8 +35,8 @@ from torch import nn
 from gradsync.ddp.tree import map_tensors
 from gradsync.errors import ConfigError
 from gradsync.nn.sync_batchnorm import SyncBatchNorm
+from gradsync.reducer.backward import ReducePrecision
 from gradsync.reducer.local_params import is_dtensor
-from gradsync.reducer.reduction import ReducePrecision
 
 _FIELDS = ("param_dtype", "reduce_dtype", "buffer_dtype")
 

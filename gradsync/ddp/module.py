@@ -51,8 +51,8 @@ from gradsync.ddp.replicas import broadcast_initial_state, verify_same_model
 from gradsync.errors import CollectiveError, ConfigError
 from gradsync.log import log
 from gradsync.observe.recorder import Recorder
+from gradsync.reducer.backward import CommHook
 from gradsync.reducer.reducer import Reducer
-from gradsync.reducer.reduction import CommHook
 from gradsync.runtime.env import in_elastic_job
 from gradsync.validate import require_bool
 

@@ -34,15 +34,14 @@ from gradsync.collectives.communicator import Communicator, Op
 from gradsync.log import log
 from gradsync.observe.clock import Clock, HostClock, Mark
 from gradsync.reducer import autotune
-from gradsync.reducer.buckets import MIB, assign_buckets
+from gradsync.reducer.buckets import MIB, BucketLayout, Storage, assign_buckets
 from gradsync.reducer.caps import BucketCaps
-from gradsync.reducer.layout import BucketLayout, Storage
 
 TRIAL_PAIRS = 5  # synced steps under each layout, alternated
 KEEP_MARGIN = 0.02  # the proposal must measure at least this much faster than torch's caps (this machine's noise)
 
 
-class State(enum.Enum):
+class RebuildState(enum.Enum):
     NEVER = "no rebuild (dynamic graph)"
     WAITING = "static_graph's iteration 1: the ready order is recorded from iteration 2"
     RECORDING = "recording iteration 1's ready order"
@@ -109,7 +108,8 @@ class Rebuild:
         # its buffers are freed once the reducer lets go of it (a whole copy of the gradients otherwise).
         self._as_view, self._sparse, self._grad_dtype = first.as_view, first.sparse, first.grad_dtype
         self._tune = caps.tune
-        self.state = State.NEVER if not enabled else State.WAITING if record_from_iteration_2 else State.RECORDING
+        initial = RebuildState.WAITING if record_from_iteration_2 else RebuildState.RECORDING
+        self.state = initial if enabled else RebuildState.NEVER
         self.tuning: autotune.BucketTuning | None = None
         self.local_order: list[int] = []  # this rank's observed ready order (iteration 1)
         self._ready_marks: list[Mark] = []
@@ -124,11 +124,11 @@ class Rebuild:
 
     @property
     def recording(self) -> bool:
-        return self.state is State.RECORDING
+        return self.state is RebuildState.RECORDING
 
     @property
     def done(self) -> bool:
-        return self.state is State.DONE
+        return self.state is RebuildState.DONE
 
     def record(self, index: int) -> None:
         """Iteration 1: parameter ``index``'s gradient is ready now (marked on the stream that computed it)."""
@@ -137,29 +137,29 @@ class Rebuild:
 
     def backward_started(self) -> None:
         """A synced backward's first gradient (or a joined rank's shadow) is here: the timed span starts."""
-        if self.state is State.RECORDING or self.state is State.TRIAL:
+        if self.state is RebuildState.RECORDING or self.state is RebuildState.TRIAL:
             self._backward_start = self._clock.mark()
 
     def backward_done(self) -> None:
         """A synced backward (or a joined rank's shadow of one) ended: every ``.grad`` is final."""
-        if self.state is State.WAITING:
-            self.state = State.RECORDING
-        elif self.state is State.RECORDING:
-            self.state = State.PENDING
-        elif self.state is State.TRIAL and self._trial is not None:
+        if self.state is RebuildState.WAITING:
+            self.state = RebuildState.RECORDING
+        elif self.state is RebuildState.RECORDING:
+            self.state = RebuildState.PENDING
+        elif self.state is RebuildState.TRIAL and self._trial is not None:
             self._trial.add(self._backward_start, self._clock.mark())
             if self._trial.complete:
-                self.state = State.DECIDING
+                self.state = RebuildState.DECIDING
 
     def before_forward(self, release: Callable[[], Storage | None] = lambda: None) -> BucketLayout | None:
         """The layout to use from this synced forward on, or None to keep the current one. Every rank calls it at
         the same forward (a collective when the state says so). ``release()`` is called before a new layout is
         built, for the caller to let go of the current one; the storage it returns, if any, is the new layout's."""
-        if self.state is State.PENDING:
+        if self.state is RebuildState.PENDING:
             return self._rebuild(release)
-        if self.state is State.TRIAL and self._trial is not None:
+        if self.state is RebuildState.TRIAL and self._trial is not None:
             return self._layout(self._order, self._trial.next_limits(), release())
-        if self.state is State.DECIDING:
+        if self.state is RebuildState.DECIDING:
             return self._decide(release)
         return None
 
@@ -181,7 +181,7 @@ class Rebuild:
         self._order = order
         if proposed != self._limits and not self._same_buckets(order, proposed, self._limits):
             self._trial = Trial(proposed, self._limits, TRIAL_PAIRS)
-            self.state = State.TRIAL
+            self.state = RebuildState.TRIAL
             return self._layout(order, self._trial.next_limits(), release())
         default = self._layout(order, self._limits, release())
         self._finish(default)
@@ -225,7 +225,7 @@ class Rebuild:
 
     def decided(self) -> tuple[list[int], list[int]] | None:
         """The rebuilt order and the caps kept, once final; None before."""
-        return (list(self._order), list(self._final_limits)) if self.state is State.DONE else None
+        return (list(self._order), list(self._final_limits)) if self.state is RebuildState.DONE else None
 
     def adopt(self, decided: tuple[list[int], list[int]], release: Callable[[], Storage | None]) -> BucketLayout:
         """Start from another reducer's :meth:`decided` layout (rank 0's, for the same model): nothing to learn."""
@@ -238,7 +238,7 @@ class Rebuild:
         return layout
 
     def _finish(self, layout: BucketLayout) -> None:
-        self.state = State.DONE
+        self.state = RebuildState.DONE
         self._final_limits = list(layout.limits)
         if self.tuning is not None:
             self.tuning = dataclasses.replace(self.tuning, size_limits=layout.limits)

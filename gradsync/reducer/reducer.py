@@ -1,19 +1,16 @@
 """The reducer: gradient hooks, the phase of the current step, the bucket layout, and the extension points.
 
-Each parameter gets one hook, a post hook of its gradient accumulator (so it runs after the parameter's own hooks,
-as torch's reducer's does), which calls what the current step's :class:`~.step.Phase` says a
-ready gradient means; :meth:`Reducer._follow` is the one place that decides it:
+The reducer owns the two halves of the gradient path: :mod:`.backward` (one backward: the hooks, the step, how a
+bucket is reduced) and :mod:`.buckets` (where gradients live). Each parameter's hook
+(:class:`~.backward.GradientHooks`) calls :meth:`Reducer._gradient_ready`, the one place that decides what a ready
+gradient means, by the current step's :class:`~.backward.BackwardPhase`:
 
 ==================================  =========================================================================
 no step (``no_sync``), or FINISHED  autograd's local accumulation (usage still marked where it is tracked)
 ARMED                               :meth:`Reducer._begin_backward`: the first gradient of a synced backward
 LEARNING                            static_graph's first backward notes the parameter (:mod:`.static_graph`)
-REDUCING                            :meth:`BackwardStep.mark_ready` (:mod:`.step`: the path of one gradient)
+REDUCING                            :meth:`~.backward.BackwardStep.mark_ready`: into its bucket
 ==================================  =========================================================================
-
-Optional features are composed around those functions only when they are on (:mod:`.ready`), so the
-per-gradient path pays for exactly the features in use. How a bucket is reduced (the built-in all-reduce or a
-comm hook) is one object, :mod:`.reduction`.
 
 When backward ends: the last bucket's launch queues the finalizer on the autograd engine (as torch's reducer does),
 so it runs after the last gradient even under reentrant checkpointing, where hooks fire inside a nested backward.
@@ -25,7 +22,8 @@ which parameters are used, then reduces everything at the end (torch's delayed a
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterable, Mapping, Sequence
+import warnings
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import torch
@@ -36,26 +34,27 @@ from gradsync.collectives.communicator import Communicator, Op
 from gradsync.errors import ConfigError, GradientError
 from gradsync.observe.clock import clock_for
 from gradsync.observe.recorder import Recorder
-from gradsync.reducer import messages, ready
+from gradsync.reducer import backward, messages
 from gradsync.reducer.autotune import BucketTuning
-from gradsync.reducer.buckets import AnyBucket
-from gradsync.reducer.caps import BucketCaps
-from gradsync.reducer.layout import BucketLayout, Storage
-from gradsync.reducer.lending import Lending, Verdict
-from gradsync.reducer.local_params import LocalParams
-from gradsync.reducer.mode import GraphMode
-from gradsync.reducer.rebuild import Rebuild, State
-from gradsync.reducer.reduction import (
+from gradsync.reducer.backward import (
+    BackwardPhase,
+    BackwardStep,
     BucketReduction,
     CommHook,
+    GradientHooks,
     HookReduction,
     ReducePrecision,
+    StepContext,
     built_in_reduction,
     checked_if,
 )
+from gradsync.reducer.buckets import AnyBucket, BucketLayout, Lending, LendingChoice, Storage
+from gradsync.reducer.caps import BucketCaps
+from gradsync.reducer.local_params import LocalParams
+from gradsync.reducer.mode import GraphMode
+from gradsync.reducer.rebuild import Rebuild, RebuildState
 from gradsync.reducer.sink import pass_through_sink
 from gradsync.reducer.static_graph import StaticGraph
-from gradsync.reducer.step import BackwardStep, Phase, StepContext
 from gradsync.reducer.unused import GlobalUsage, unused_parameter_indices
 
 
@@ -102,18 +101,14 @@ class Reducer:
         self._recorder = Recorder()
         self._recorder_attached = False  # whether to poll it from every gradient hook
         self._bucket_reduced: Callable[[AnyBucket], None] | None = None
+        self._hooks = GradientHooks(self._local.params, self._loud_hook)
         self._context = self._make_context()
         self._step: BackwardStep | None = None
+        self._nested_task: int | None = None  # a nested backward ended early: the graph task it ended in
+        self._warned_after_reduction = False
         self._unused: Sequence[int] = ()
         self._forward_thread = threading.get_ident()
         self.iteration = 0  # synced backward passes completed (a joined rank's shadows included)
-        self._on_ready: ready.ReadyFunction
-        self._follow(None)
-        # Each parameter's gradient accumulator, held so that its hooks stay (the parameter holds it only weakly).
-        self._accumulators = [torch.autograd.graph.get_gradient_edge(p).node for p in self._local.params]
-        self._handles = [self._accumulators[i].register_hook(self._make_hook(i)) for i in range(len(self.params))]
-        self._quiet: list[AnyBucket | None] = [None] * len(self.params)  # the bucket a quiet hook notes into
-        self._order_changed = False  # a quiet parameter fired after its bucket's last: every hook stays loud
         self._lending = Lending(settings.lending())
 
     # ------------------------------------------------------------------------------------- what it exposes
@@ -129,7 +124,12 @@ class Reducer:
     @property
     def rebuilt(self) -> bool:
         """Whether the one-time rebuild has happened (the tuner's check may still be running)."""
-        return self._rebuild.state not in (State.NEVER, State.WAITING, State.RECORDING, State.PENDING)
+        state = self._rebuild.state
+        return state not in (RebuildState.NEVER, RebuildState.WAITING, RebuildState.RECORDING, RebuildState.PENDING)
+
+    def quiet_parameters(self) -> int:
+        """How many parameters' hooks are quiet now (:class:`.backward.GradientHooks`)."""
+        return self._hooks.quiet_count()
 
     def _needs_output_sink(self) -> bool:
         """Whether this forward's outputs must pass through :mod:`.sink` (as torch's ``_DDPSink``): a dynamic graph
@@ -138,9 +138,7 @@ class Reducer:
 
     def close(self) -> None:
         """Remove every gradient hook: this reducer stops averaging (its model is being given a new one)."""
-        for handle in self._handles:
-            handle.remove()
-        self._accumulators = []
+        self._hooks.close()
 
     def steady_bucket_cap(self) -> int:
         """The byte cap of every bucket after the first: the current layout's once rebuilt, else the configured one
@@ -196,7 +194,7 @@ class Reducer:
             usage=self._usage,
             recorder=self._recorder,
             bucket_reduced=self._bucket_reduced,
-            hear_late=self._hear_late,
+            hooks=self._hooks,
         )
 
     # ------------------------------------------------------------------------------------------- per step
@@ -211,49 +209,24 @@ class Reducer:
     def _adopt(self, layout: BucketLayout) -> None:
         """Reduce into ``layout`` from now on, with quiet hooks where they may be."""
         self.layout = layout
-        self._hook(layout.quiet_hooks(self._rebuild.local_order) if self._may_quiet_hooks() else {})
+        if self._may_quiet_hooks():
+            self._hooks.quiet_down(layout, self._rebuild.local_order)
+        else:
+            self._hooks.all_loud()
 
     def _may_quiet_hooks(self) -> bool:
-        """Whether each bucket's last-ready hook may stand for the others (:func:`.buckets.quiet_parameters`): once
+        """Whether each bucket's last-ready hook may stand for the others (:class:`.backward.GradientHooks`): once
         the rebuild has settled the buckets and this rank's ready order is known, every parameter used in every
         iteration, and the order never seen to change. A DTensor parameter's hook also brings its gradient in
         (local_params.py), and GRADSYNC_DEBUG's desync check keeps every hook, so a rank whose graph changed is
         still caught the moment it happens."""
-        if self._order_changed or not self._rebuild.done or self._local.sharded or self.comm.check_desync:
+        if self._hooks.order_changed or not self._rebuild.done or self._local.sharded or self.comm.check_desync:
             return False
         order = self._rebuild.local_order
         if self.mode is GraphMode.STATIC:
             assert self._static is not None
             return self._static.may_silence_hooks(order, self.comm.check_desync)
         return self.mode is GraphMode.ALL_USED and len(order) == len(self.params)
-
-    def _hook(self, quiet: Mapping[int, AnyBucket]) -> None:
-        """Give parameter i the hook ``quiet`` says: its bucket's ``heard.append`` if quiet, else its own."""
-        for i in range(len(self._local.params)):
-            bucket = quiet.get(i)
-            if bucket is not None or self._quiet[i] is not None:
-                self._rehook(i, bucket)
-
-    def _rehook(self, i: int, bucket: AnyBucket | None) -> None:
-        """Parameter i's hook becomes ``bucket.heard.append`` (quiet), or its own (``bucket`` None).
-
-        A quiet hook only notes that the gradient was accumulated (a post-accumulate-grad hook, a C function that
-        is handed the parameter); its gradient is read when the bucket's last-ready parameter's own hook runs, by
-        which time every hook of the quiet one has run."""
-        self._handles[i].remove()
-        if bucket is None:
-            self._handles[i] = self._accumulators[i].register_hook(self._make_hook(i))
-        else:
-            self._handles[i] = self._local.params[i].register_post_accumulate_grad_hook(bucket.heard.append)
-        self._quiet[i] = bucket
-
-    def _hear_late(self, late: list[int]) -> None:
-        """Quiet parameters fired after their bucket's last-ready one: the ready order changed. From now on every
-        parameter has its own hook (the late ones at once, so they report in this backward; the rest at the next
-        forward, as their buckets still count on their notes in this one)."""
-        self._order_changed = True
-        for i in late:
-            self._rehook(i, None)
 
     def bucket_plan(self) -> tuple[list[int], list[int]] | None:
         """The buckets' order and caps once rebuilt (None before, and under static_graph, whose first iterations
@@ -293,31 +266,29 @@ class Reducer:
         graph); ``scale`` multiplies the averages (join with divide_by_initial_world_size=False). Returns what the
         forward's output tensors must pass through for this step, the outputs' sink (:mod:`.sink`), or None."""
         self._raise_if_unfinished()
-        if self._order_changed and any(self._quiet):
-            self.layout.speak_up()
-            self._hook({})
-        self.layout.clear_heard()
+        self._hooks.speak_up_if_order_changed()
+        self._hooks.clear_heard()
         self._unused = self._unused_parameters(outputs)
         if self._local.sharded:
             self._local.bring_in_all()
         self._forward_thread = threading.get_ident()
         lend = self._lend_or_move()
-        self._follow(BackwardStep(self._context, self.layout, scale, on_all_launched=self._queue_finalize, lend=lend))
+        self._set_step(BackwardStep(self._context, self.layout, scale, on_all_launched=self._queue_finalize, lend=lend))
         return self._through_sink if self._needs_output_sink() else None
 
     def _lend_or_move(self) -> bool:
-        """Whether this step may lend large averaged slots to ``.grad`` instead of copying them (:mod:`.lending`):
-        the final layout's only (the rebuild and the tuner's trial hand storages between layouts), never with
-        gradient_as_bucket_view. A slot lent at the last step and still held moves the buckets off that storage.
-        A loop that keeps its gradients (``zero_grad(set_to_none=False)``) lends nothing: its ``.grad`` would only
-        trade its memory for a slot, and the buckets would move to a new storage at the next step, one more
-        allocation of their size for no copy saved."""
+        """Whether this step may lend large averaged slots to ``.grad`` instead of copying them
+        (:class:`.buckets.Lending`): the final layout's only (the rebuild and the tuner's trial hand storages between
+        layouts), never with gradient_as_bucket_view. A slot lent at the last step and still held moves the buckets
+        off that storage. A loop that keeps its gradients (``zero_grad(set_to_none=False)``) lends nothing: its
+        ``.grad`` would only trade its memory for a slot, and the buckets would move to a new storage at the next
+        step, one more allocation of their size for no copy saved."""
         if not self._rebuild.done or self.layout.as_view or self.layout.casts:
             return False  # a low-precision slot cannot be lent to a full-precision .grad (mixed precision)
-        verdict = self._lending.before_step(list(self.layout.storage.values()))
-        if verdict is Verdict.MOVE:
+        choice = self._lending.before_step(list(self.layout.storage.values()))
+        if choice is LendingChoice.MOVE:
             self._adopt(self.layout.moved())
-        return verdict is Verdict.LEND and all(p.grad is None for p in self.params)
+        return choice is LendingChoice.LEND and all(p.grad is None for p in self.layout.lent_params())
 
     def _through_sink(self, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
         return pass_through_sink(tensors, self._sink_reached)
@@ -331,8 +302,8 @@ class Reducer:
     def skip_next_backward(self) -> None:
         """Let the next backward accumulate gradients locally (no_sync / require_backward_grad_sync=False)."""
         self._raise_if_unfinished()
-        self.layout.clear_heard()  # the quiet hooks note every backward; only a synced one reads the notes
-        self._follow(None)
+        self._hooks.clear_heard()  # the quiet hooks note every backward; only a synced one reads the notes
+        self._set_step(None)
 
     def shadow_backward(self) -> None:
         """A joined rank: issue this backward's collectives with zeros, exactly as a training rank would."""
@@ -350,60 +321,70 @@ class Reducer:
             torch_private.queue_backward_callback(self._end_of_backward)
 
     # ------------------------------------------------------------------------------------ the hooks' side
-    def _make_hook(self, index: int) -> Callable[[Any, Any], None]:
-        """Parameter ``index``'s hook, a post hook of its gradient accumulator (autograd's AccumulateGrad node), as
-        torch's reducer registers it (``Reducer::Reducer``, ``add_post_hook``): it runs once the gradient is
-        accumulated and after every hook of the parameter's own (``register_hook``, and post-accumulate-grad hooks
-        whenever registered), so the bucket gets what those hooks left in ``.grad``."""
+    def _loud_hook(self, index: int) -> Callable[[Any, Any], None]:
+        """Parameter ``index``'s own hook (:class:`.backward.GradientHooks` registers it)."""
         if self._local.is_sharded(index):
             bring_in = self._local.bring_in
 
             def sharded_hook(_grad_inputs: Any, _grad_outputs: Any) -> None:
                 bring_in(index)  # the DTensor's gradient, as its local shard (local_params.py)
-                self._on_ready(index)
+                self._gradient_ready(index)
 
             return sharded_hook
 
         def hook(_grad_inputs: Any, _grad_outputs: Any) -> None:
-            self._on_ready(index)
+            self._gradient_ready(index)
 
         return hook
 
-    def _follow(self, step: BackwardStep | None) -> None:
-        """Make ``step`` the current one, and a ready gradient do what its phase says (the module docstring's
-        table). The one place that decides it; only a nested backward's requeue wraps what it picked."""
-        self._step = step
-        if step is None:
-            self._on_ready = self._idle_function()
-        elif step.phase is Phase.ARMED:
-            self._on_ready = self._begin_backward
-        elif step.phase is Phase.LEARNING:
-            self._on_ready = self._learning_function(step)
-        elif step.phase is Phase.REDUCING:
-            self._on_ready = self._ready_function(step)
-        else:
-            self._on_ready = self._after_reduction_function()
-
-    def _idle_function(self) -> ready.ReadyFunction:
-        # Outside a synced backward, usage is still tracked where it is all-reduced at the next synced step: a
-        # parameter used only in no_sync micro-batches has gradients to average too (torch's local_used_map).
-        used = self._usage.local_map()
-        if used is None:
-            return ready.accumulate_locally
-        return ready.marking_used(used, self.params, ready.accumulate_locally)
-
-    def _after_reduction_function(self) -> ready.ReadyFunction:
-        # torch: gradients after the reduction (a second backward of one forward, or another wrapper of the same
-        # module training) accumulate locally. Under GRADSYNC_DEBUG a rank doing so is warned, once.
-        idle = self._idle_function()
-        if not self.comm.check_desync:
-            return idle
-        return ready.warning_once(messages.backward_after_reduction(self.names), idle)
-
-    def _begin_backward(self, index: int) -> None:
-        """The first gradient of a synced backward: arm the end-of-backward check, then handle it."""
+    def _gradient_ready(self, i: int) -> None:
+        """What parameter ``i``'s gradient being ready means now: the module docstring's table, in one place."""
         step = self._step
-        assert step is not None
+        if step is None or step.finished:
+            self._outside_synced_backward(i, step)
+            return
+        if self._nested_task is not None and backward.current_graph_task() != self._nested_task:
+            # A nested backward ended with gradients still to come, and the outer one goes on: check its end.
+            self._nested_task = None
+            torch_private.queue_backward_callback(self._end_of_backward)
+        if step.phase is BackwardPhase.ARMED:
+            self._begin_backward(step)
+        if self._rebuild.recording:
+            self._rebuild.record(i)
+        if step.used is not None and self.params[i].grad is not None:
+            step.used[i] = 1  # torch's rule: an undefined gradient (an output the loss does not use) is not a use
+        if step.phase is BackwardPhase.LEARNING:
+            assert self._static is not None
+            self._static.fired(i)  # static_graph's first backward: noted, reduced at its end
+            return
+        if self._recorder_attached:
+            self._recorder.poll()
+        if torch.is_grad_enabled():  # backward(create_graph=True): copying into buckets must not be recorded
+            with torch.no_grad():
+                step.mark_ready(i)
+        else:
+            step.mark_ready(i)
+
+    def _outside_synced_backward(self, i: int, step: BackwardStep | None) -> None:
+        """No synced forward was prepared (no_sync), or the reduction is over: autograd's accumulation is all.
+        Usage is still tracked where it is all-reduced at the next synced step: a parameter used only in no_sync
+        micro-batches has gradients to average too (torch's local_used_map)."""
+        used = self._usage.local_map()
+        if used is not None and self.params[i].grad is not None:
+            used[i] = 1
+        if step is not None and self.comm.check_desync and not self._warned_after_reduction:
+            # torch: gradients after the reduction (a second backward of one forward, or another wrapper of the
+            # same module training) accumulate locally. Under GRADSYNC_DEBUG a rank doing so is warned, once.
+            self._warned_after_reduction = True
+            warnings.warn(messages.backward_after_reduction(self.names)(i), RuntimeWarning, stacklevel=2)
+
+    def _set_step(self, step: BackwardStep | None) -> None:
+        self._step = step
+        self._nested_task = None
+        self._warned_after_reduction = False
+
+    def _begin_backward(self, step: BackwardStep) -> None:
+        """The first gradient of a synced backward: arm the end-of-backward check, then reduce or learn."""
         if torch.compiler.is_compiling():
             raise ConfigError(messages.compiled_autograd())
         self._agree_on_hook_once()
@@ -411,35 +392,16 @@ class Reducer:
         if step.claim_end_check():
             torch_private.queue_backward_callback(self._end_of_backward)
         self._recorder.backward_start(self.layout.buckets)
-        step.begin(learning=self._static is not None and self._static.learning)
-        self._follow(step)
-        if step.phase is Phase.REDUCING:
-            mark_unused = self._recording(step.mark_ready)  # ready with their current gradient, never "used"
-            for j in self._unused:
-                mark_unused(j)
-        self._on_ready(index)
-
-    def _ready_function(self, step: BackwardStep) -> ready.ReadyFunction:
-        on_ready: ready.ReadyFunction = step.mark_ready
-        if step.used is not None:
-            on_ready = ready.marking_used(step.used, self.params, on_ready)
-        on_ready = self._recording(on_ready)
-        if self._recorder_attached:
-            on_ready = ready.polling(self._recorder.poll, on_ready)
-        if torch.is_grad_enabled():  # backward(create_graph=True)
-            on_ready = ready.without_grad(on_ready)
-        return on_ready
-
-    def _learning_function(self, step: BackwardStep) -> ready.ReadyFunction:
-        """static_graph's first backward: note who is used and in which order; reduce at the end."""
-        assert self._static is not None
-        on_ready: ready.ReadyFunction = self._static.start_learning().append
-        if step.used is not None:
-            on_ready = ready.marking_used(step.used, self.params, on_ready)
-        return self._recording(on_ready)
-
-    def _recording(self, on_ready: ready.ReadyFunction) -> ready.ReadyFunction:
-        return ready.recording(self._rebuild.record, on_ready) if self._rebuild.recording else on_ready
+        learning = self._static is not None and self._static.learning
+        step.begin(learning=learning)
+        if learning:
+            assert self._static is not None
+            self._static.start_learning()
+            return
+        for j in self._unused:  # ready with their current gradient, never "used"
+            if self._rebuild.recording:
+                self._rebuild.record(j)
+            step.mark_ready(j)
 
     # ------------------------------------------------------------------------------------ end of backward
     def _end_of_backward(self) -> None:
@@ -447,12 +409,10 @@ class Reducer:
         step = self._step
         if step is None or step.finished or step.all_launched:
             return  # the finalizer (queued by the last launch) does the rest
-        if step.phase is Phase.LEARNING:
+        if step.phase is BackwardPhase.LEARNING:
             self._reduce_what_was_learned(step)
-        elif ready.inside_nested_backward(self._forward_thread):
-            task = ready.current_graph_task()
-            queue = lambda: torch_private.queue_backward_callback(self._end_of_backward)  # noqa: E731
-            self._on_ready = ready.requeue_on_new_graph_task(task, queue, self._on_ready)
+        elif backward.inside_nested_backward(self._forward_thread):
+            self._nested_task = backward.current_graph_task()  # checked again when the outer backward goes on
         elif self.mode is GraphMode.FIND_UNUSED and not torch_private.hooks_run_for_undefined_gradients():
             self._ready_as_their_hooks_would_be(step)
         else:
@@ -466,7 +426,7 @@ class Reducer:
         still missing at the end of the outermost backward are those: handle each as its hook would have."""
         with torch.no_grad():
             for i in [i for i, arrived in enumerate(step.ready) if not arrived]:
-                self._on_ready(i)  # the last launch queues the finalizer, right behind this callback
+                self._gradient_ready(i)  # the last launch queues the finalizer, right behind this callback
 
     def _reduce_what_was_learned(self, step: BackwardStep) -> None:
         """static_graph's first backward ended: what fired is used, the rest is unused from now on (this rank's
@@ -474,7 +434,6 @@ class Reducer:
         assert self._static is not None
         self._agree_on_hook_once()
         step.end_learning()
-        self._follow(step)
         with torch.no_grad():
             for i in self._static.learned():
                 step.mark_ready(i)  # the last launch queues the finalizer, right behind this callback
@@ -493,7 +452,7 @@ class Reducer:
             if self._local.sharded:
                 self._local.publish()
         finally:
-            self._follow(step)  # finished, or failed: later gradients accumulate locally
+            self._set_step(step)  # finished, or failed: later gradients accumulate locally
         self._recorder.comm_end()
         self._end_synced_backward()
 

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import collections
 from collections.abc import Sequence
 
 import torch
@@ -19,10 +18,7 @@ class SparseBucket:
         self.assigned = self.param_indices = [param_index]
         param = params[param_index]
         self.params = [param]
-        self.quiet: list[int] = []
-        self.heard: collections.deque[torch.Tensor] = collections.deque(maxlen=0)
-        self.eager = [True]
-        self.hooked_count = 1
+        self.n_large = 1  # its gradient is taken as soon as it is ready
         self.nbytes = param.numel() * param.element_size()  # its dense size, for messages
         self.buffer = _empty_sparse(param)
         self.views = [self.buffer]
@@ -36,11 +32,8 @@ class SparseBucket:
             self.buffer = grad / divisor if divisor else grad.clone()
         self.views = [self.buffer]
 
-    def unheard(self) -> list[int]:
-        return []  # its one parameter reports through its own hook
-
-    def gather_grads(self, divisor: int | None) -> None:
-        pass
+    def gather(self, divisor: int | None, large_slots: Sequence[int] = ()) -> None:
+        pass  # taken when ready
 
     def receive(self, result: torch.Tensor) -> None:
         self.buffer = result

@@ -3,9 +3,8 @@ same parameters are used, in the same order, in every iteration).
 
 The first synced backward launches nothing: it notes which parameters' hooks fire, in order, and reduces every
 bucket at its end (torch's delayed all-reduce). The parameters that did not fire are unused from then on, without
-a graph walk per forward. After the rebuild, the hooks of small parameters that always fire just before another
-of their bucket are removed, the last one standing for them (:func:`gradsync.reducer.buckets.quiet_parameters`).
-All of that lives here; the buckets hold which of their parameters are quiet, as part of their layout.
+a graph walk per forward. After the rebuild, the hooks of parameters that always fire just before another of
+their bucket are quieted, the last one standing for them (:class:`gradsync.reducer.backward.GradientHooks`).
 """
 
 from __future__ import annotations
@@ -29,10 +28,13 @@ class StaticGraph:
         """Whether the first backward is still to be learned from (its outputs then pass through the sink)."""
         return self.unused is None
 
-    def start_learning(self) -> list[int]:
-        """The list the first backward appends each fired parameter to."""
+    def start_learning(self) -> None:
+        """The first backward starts: nothing has fired yet."""
         self._fired = []
-        return self._fired
+
+    def fired(self, index: int) -> None:
+        """Parameter ``index``'s hook fired in the first backward."""
+        self._fired.append(index)
 
     def learned(self) -> list[int]:
         """The first backward ended: what fired is used, the rest unused from now on. Returns every parameter, the

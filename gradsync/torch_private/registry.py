@@ -74,7 +74,7 @@ PRIVATE_NAMES: tuple[PrivateName, ...] = (
     ),
     PrivateName(
         "torch._foreach_mul_",
-        ("gradsync/reducer/layout.py",),
+        ("gradsync/reducer/buckets.py",),
         "scales every dense bucket by one number in one kernel launch",
         _ALL,
         f"{RAN}; {READ}: torch/_C/_VariableFunctions.pyi (the list, scalar overload)",
@@ -83,7 +83,7 @@ PRIVATE_NAMES: tuple[PrivateName, ...] = (
     ),
     PrivateName(
         "torch._C.Future",
-        ("gradsync/reducer/reduction.py",),
+        ("gradsync/reducer/backward.py",),
         "the class of every future a hook may return: torch.futures.Future and what .then() returns",
         _ALL,
         f"{RAN}; {READ}: torch/_C/__init__.pyi, torch/futures/__init__.py (Future subclasses it)",
@@ -92,7 +92,7 @@ PRIVATE_NAMES: tuple[PrivateName, ...] = (
     ),
     PrivateName(
         "torch._C._current_graph_task_id",
-        ("gradsync/reducer/ready.py",),
+        ("gradsync/reducer/backward.py",),
         "tells one backward from the next (a nested backward shares no id with the outer one)",
         _ALL,
         f"{RAN}; {READ}: torch/_C/__init__.pyi",
@@ -101,7 +101,7 @@ PRIVATE_NAMES: tuple[PrivateName, ...] = (
     ),
     PrivateName(
         "torch.autograd.graph._engine_run_backward",
-        ("gradsync/reducer/ready.py",),
+        ("gradsync/reducer/backward.py",),
         "the frame that backward() and autograd.grad() run the engine in, counted to notice a nested backward",
         _ALL,
         f"{RAN}; {READ}: torch/autograd/graph.py defines it, torch/autograd/__init__.py calls it twice",

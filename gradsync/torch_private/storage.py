@@ -1,7 +1,7 @@
 """Who holds a tensor's memory: how many tensors share its storage (``torch._C._storage_Use_Count``), how many
 owners its own TensorImpl has (``Tensor._use_count``), and the Python handles on its storage object. The reducer
 lends a bucket's memory to ``.grad`` only while it can tell that nothing else holds it
-(:mod:`gradsync.reducer.lending`).
+(:class:`gradsync.reducer.buckets.Lending`).
 
 In CPU builds before 2.5 the storage count was registered with CUDA's module only (pytorch/pytorch#131881), so it
 may be missing: then nothing is lent, and averages are copied back into ``.grad`` as torch's reducer does.
