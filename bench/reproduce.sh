@@ -73,9 +73,11 @@ python -m bench.scale --model resnet50 --ranks 1,2,4,8,16 --link 10gbit --scale 
 python -m bench.scale --model resnet50 --ranks 1,2,4,8,16 --link 1gbit --scale 64 --runs 3 --steps 12
 python -m bench.scale.step_cpu --steps 600
 python -m bench.scale.step_cpu --steps 600 --model gpt2
-python -m bench.scale.step_cpu --scale 1 --steps 60 --warmup 10
-python -m bench.scale.step_cpu --scale 1 --steps 60 --warmup 10 --model gpt2
-python -m bench.scale.step_cpu --steps 600 --no-lending       # and the three others, with --no-lending
+python -m bench.scale.step_cpu --scale 1 --steps 20 --warmup 5 --apart
+python -m bench.scale.step_cpu --scale 1 --steps 20 --warmup 5 --apart --model gpt2
+python -m bench.scale.step_cpu --scale 1 --steps 20 --warmup 5 --apart --no-lending   # and --model gpt2
+python -m bench.scale.step_profile --model gpt2
+python -m bench.scale.copy_calls
 python -m bench.scale.paper_plan
 
 # Surviving failures (docs/elastic.md): the pauses, with the store on etcd, and what elastic costs per step.

@@ -44,11 +44,10 @@ DEFAULT_BUCKET_CAP_MB = 25.0
 # torch's dist._DEFAULT_FIRST_BUCKET_BYTES: the first-launched bucket is small so communication starts early.
 DEFAULT_FIRST_BUCKET_BYTES = 1 * MIB
 # Gradients of at least this many bytes are copied into their bucket on their own, as soon as they are ready
-# (spreading the copying over backward) and lent back; smaller ones are copied together when the bucket is full, in
-# one fused copy and one scaling of their region. Below it a call per tensor costs more than its bytes: on 2 CPU
-# cores the fused copy is 2-3 x cheaper per tensor up to 80 KiB and even at 128 KiB, one mul per tensor 1.2 x
-# cheaper from 256 KiB up, and checking whether a gradient may be lent its slot (4-11 us) costs more than copying it
-# below 64 KiB (docs/scaling.md, "the reducer's cost per call").
+# (spreading the copying over backward), and lent back; smaller ones are copied together when the bucket is full, in
+# one fused copy and one scaling of their region. Below it, a call per tensor from Python costs more than the tensor's
+# bytes, and checking whether a gradient may be lent its slot more than the copy it saves (docs/scaling.md, measured
+# by ``python -m bench.scale.copy_calls``).
 EAGER_COPY_BYTES = 128 * 1024
 
 
