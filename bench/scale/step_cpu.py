@@ -38,7 +38,8 @@ SCALE = 128.0
 NAMES = ("torch", "gradsync", "bare")
 
 
-def _model(name: str, model: str, scale: float) -> torch.nn.Module:
+def build_model(name: str, model: str, scale: float) -> torch.nn.Module:
+    """``name`` ("torch", "gradsync" or "bare") around the synthetic ``model`` at 1/``scale``, at torch's caps."""
     torch.manual_seed(0)
     bare = SyntheticModel(model, scale=scale, time_scale=0.0)
     if name == "bare":
@@ -129,7 +130,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     torch.set_num_threads(1)
     names = (args.only,) if args.only else NAMES
-    models = {name: _model(name, args.model, args.scale) for name in names}
+    models = {name: build_model(name, args.model, args.scale) for name in names}
     times = _steps(models, args.steps, args.warmup)
     if args.only:
         print(json.dumps({label: by_model[args.only] for label, by_model in times.items()}))

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 import torch
 import torch.distributed as dist
 
-from bench.scale.step_cpu import SCALE, _model
+from bench.scale.step_cpu import SCALE, build_model
 from lab.zoo.synthetic import SHAPES
 
 _OURS = "/gradsync/"
@@ -70,7 +70,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     torch.set_num_threads(1)
-    stats = _profile(_model("gradsync", args.model, SCALE), args.steps, args.warmup)
+    stats = _profile(build_model("gradsync", args.model, SCALE), args.steps, args.warmup)
     calls, python = _rows(stats, args.steps)
     for title, rows in (("torch and gloo calls made by gradsync", calls), ("gradsync's own Python", python)):
         print(f"{title}: {sum(ms for ms, _ in rows):.3f} ms/step under cProfile")

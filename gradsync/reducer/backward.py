@@ -53,8 +53,9 @@ class GradientHooks:
 
     Quiet hooks: autograd's engine runs the same graph in the same order every time, so once a bucket's last-ready
     parameter fires, every earlier one has usually accumulated its gradient. That one hook stands for the others,
-    which only note that they fired; :meth:`late` checks the notes, so a changed order costs a wait, never a wrong
-    average, and from then on every hook is loud. Saves one Python call per quiet parameter per backward.
+    which only note that they fired; :meth:`_QuietSet.unheard` checks the notes, so a changed order costs a wait,
+    never a wrong average, and from then on every hook is loud. Saves one Python call per quiet parameter per
+    backward.
     """
 
     def __init__(self, params: Sequence[torch.Tensor], loud: Callable[[int], Callable[[Any, Any], None]]) -> None:
@@ -96,12 +97,11 @@ class GradientHooks:
             for i in group.indices:
                 now[i] = bucket_index
         for i, k in enumerate(now):
-            if k is not None or self._bucket_of[i] is not None:
+            if k is None and self._bucket_of[i] is not None:
+                self._make_loud(i)
+            elif k is not None:
                 self._handles[i].remove()
-                if k is None:
-                    self._handles[i] = self._accumulators[i].register_hook(self._loud(i))
-                else:
-                    self._handles[i] = self._params[i].register_post_accumulate_grad_hook(quiet[k].heard.append)
+                self._handles[i] = self._params[i].register_post_accumulate_grad_hook(quiet[k].heard.append)
         self._bucket_of, self._quiet = now, quiet
 
     def quiet_in(self, k: int) -> _QuietSet | None:
@@ -131,8 +131,11 @@ class GradientHooks:
         forward, as their buckets still count on their notes in this one)."""
         self.order_changed = True
         for i in late:
-            self._handles[i].remove()
-            self._handles[i] = self._accumulators[i].register_hook(self._loud(i))
+            self._make_loud(i)
+
+    def _make_loud(self, i: int) -> None:
+        self._handles[i].remove()
+        self._handles[i] = self._accumulators[i].register_hook(self._loud(i))
 
     def speak_up_if_order_changed(self) -> None:
         """Before a synced backward: after a changed order, every hook is loud."""

@@ -344,13 +344,14 @@ class BucketLayout:
         for bucket in self.buckets:
             for slot, i in enumerate(bucket.param_indices):
                 self.bucket_of[i], self.slot_of[i] = bucket.index, slot
-                self.large_of[i] = isinstance(bucket, SparseBucket) or slot < bucket.n_large
+                self.large_of[i] = slot < bucket.n_large  # a sparse bucket's one parameter is large
         # Dense buckets in order, flattened: their write-back is one fused copy over these.
         self.dense = [b for b in self.buckets if isinstance(b, Bucket)]
         self.sparse_buckets = [b for b in self.buckets if isinstance(b, SparseBucket)]
         self._flat_params = [p for b in self.dense for p in b.params]
         self._flat_views = [v for b in self.dense for v in b.views]
         self._flat_indices = [i for b in self.dense for i in b.param_indices]
+        self.large_params = [p for b in self.dense for p in b.params[: b.n_large]]  # those whose slots may be lent
 
     @classmethod
     def first(
@@ -385,10 +386,6 @@ class BucketLayout:
                 if param.grad is not None:
                     view.copy_(param.grad)
                     param.grad = view
-
-    def lent_params(self) -> list[torch.Tensor]:
-        """The parameters whose slots may be lent to their ``.grad`` (the large ones)."""
-        return [p for b in self.dense for p in b.params[: b.n_large]]
 
     def write_back(self, globally_used: list[int] | None, scale: float) -> None:
         """Every bucket's averages, times ``scale``, into ``.grad`` (one fused copy in the common case)."""

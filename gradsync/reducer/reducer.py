@@ -288,7 +288,7 @@ class Reducer:
         choice = self._lending.before_step(list(self.layout.storage.values()))
         if choice is LendingChoice.MOVE:
             self._adopt(self.layout.moved())
-        return choice is LendingChoice.LEND and all(p.grad is None for p in self.layout.lent_params())
+        return choice is LendingChoice.LEND and all(p.grad is None for p in self.layout.large_params)
 
     def _through_sink(self, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
         return pass_through_sink(tensors, self._sink_reached)
