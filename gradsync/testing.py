@@ -86,9 +86,24 @@ def free_port(host: str = "127.0.0.1") -> int:
         return probe.getsockname()[1]
 
 
+# What ranks use, imported once by the forkserver rather than by every rank: gradsync's packages (``import gradsync``
+# alone imports none of them) and torch._dynamo, which a torch optimizer imports at its first step.
+_PRELOADED = [
+    "torch",
+    "torch.distributed",
+    "torch._dynamo",
+    "gradsync.checkpoint",
+    "gradsync.data",
+    "gradsync.ddp",
+    "gradsync.elastic.state",
+    "gradsync.nn",
+    "gradsync.optim",
+]
+
+
 def _context() -> mp.context.ForkServerContext:
     ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(["torch", "torch.distributed", "gradsync"])
+    ctx.set_forkserver_preload(_PRELOADED)
     return ctx
 
 

@@ -23,8 +23,8 @@ import urllib.request
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from gradsync.elastic.etcd_client import EtcdClient
 from gradsync.runtime.etcd_access import EtcdAccess
+from gradsync.store.etcd_client import EtcdClient
 from gradsync.testing import free_port
 from lab import certs, netlab
 

@@ -15,13 +15,13 @@ import pytest
 import torch.distributed as dist
 
 from gradsync.elastic import keys
-from gradsync.elastic.etcd_client import EtcdUnavailable
-from gradsync.elastic.etcd_store import EtcdStore, parse_endpoints
-from gradsync.elastic.job_store import StoreHealth, gone_now
 from gradsync.elastic.liveness import mark_exited
 from gradsync.elastic.membership import Membership
 from gradsync.elastic.timeouts import Timeouts
 from gradsync.errors import ConfigError
+from gradsync.store.etcd_client import EtcdUnavailable
+from gradsync.store.etcd_store import EtcdStore, parse_endpoints
+from gradsync.store.job_store import StoreHealth, gone_now
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -86,7 +86,7 @@ def test_a_get_waits_for_its_key_and_names_it_when_it_never_comes(etcd: etcd_clu
 
 _GROUP_ON_ETCD = """
 import datetime, sys, time, torch, torch.distributed as dist
-from gradsync.elastic.job_store import open_store
+from gradsync.store.job_store import open_store
 rank = int(sys.argv[1])
 start = time.perf_counter()
 store = open_store(sys.argv[2])  # kept: a Python store lives only as long as its Python object
@@ -204,8 +204,8 @@ def test_a_launcher_refuses_the_name_of_a_job_that_finished_there(etcd: etcd_clu
     """Its keys outlive the job: the same name again would see itself done at once and train nothing."""
     import argparse
 
-    from gradsync.elastic.job_store import etcd_url, open_store
     from gradsync.launch.elastic import Job
+    from gradsync.store.job_store import etcd_url, open_store
 
     where = etcd_url(etcd.url, "finished-job")
     store = open_store(where)

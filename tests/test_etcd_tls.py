@@ -24,13 +24,13 @@ from gradsync import cli
 from gradsync.doctor import job as doctor_job
 from gradsync.doctor.job import Job as DoctorJob
 from gradsync.doctor.store import check_etcd
-from gradsync.elastic import etcd_refusal, job_store
-from gradsync.elastic.etcd_client import EtcdClient
-from gradsync.elastic.etcd_refusal import EtcdRefused
-from gradsync.elastic.etcd_store import EtcdStore
 from gradsync.errors import ConfigError
 from gradsync.runtime import etcd_access, run_flags
 from gradsync.runtime.etcd_access import PASSWORD_VARIABLE, EtcdAccess
+from gradsync.store import etcd_refusal, job_store
+from gradsync.store.etcd_client import EtcdClient
+from gradsync.store.etcd_refusal import EtcdRefused
+from gradsync.store.etcd_store import EtcdStore
 from lab import certs, etcd_cluster
 from lab.elastic import finals, launch_on_loopback
 

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import torch.distributed as dist
 
-from gradsync.elastic.etcd_refusal import EtcdRefused
 from gradsync.runtime.env import discover, expand_slurm_nodelist
+from gradsync.store.etcd_refusal import EtcdRefused
 from gradsync.testing import free_port
 
 SCRIPTS = Path(__file__).parent / "scripts"
@@ -56,6 +56,18 @@ def test_restart_after_failure_works_every_time() -> None:
         proc = _run(["--nproc-per-node", "2", "--max-restarts", "1", "--standalone", str(SCRIPTS / "fail_once.py")])
         assert proc.returncode == 0, f"run {attempt}: {proc.stderr[-3000:]}"
         assert "attempt 1 rank 0 done" in proc.stdout and "attempt 1 rank 1 done" in proc.stdout
+
+
+def test_the_launcher_imports_no_training_machinery() -> None:
+    """``gradsync run`` starts its workers without first importing what only a worker uses: gradsync's DDP and
+    elastic training, torch.compile's dynamo and DTensor (seconds of CPU before any worker starts; gradsync.exports).
+    A plain ``import gradsync`` imports none of it either."""
+    heavy = ("gradsync.ddp", "gradsync.elastic.state", "gradsync.checkpoint", "torch._dynamo")
+    heavy += ("torch.distributed.tensor",)
+    probe = "import sys, gradsync, gradsync.cli, gradsync.launch.run\n"
+    probe += f"print([m for m in {heavy!r} if m in sys.modules])"
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout.strip() == "[]", done.stdout + done.stderr
 
 
 def test_slurm_variables_map_to_torchrun_ones() -> None:

@@ -21,9 +21,9 @@ FOREIGN_ASSIGNMENTS_ALLOWED = {
     # torch.autograd.Function's ctx is torch's object for exactly this: state saved for the backward.
     ("gradsync/nn/sync_batchnorm.py", "comm"): "an autograd Function's ctx",
     # threading.local: each thread's own attributes (the name 'index' is also a bucket's field).
-    ("gradsync/elastic/etcd_client.py", "index"): "a threading.local",
+    ("gradsync/store/etcd_client.py", "index"): "a threading.local",
     # ssl.SSLContext's settings are its attributes (the name is also EtcdAccess's field).
-    ("gradsync/elastic/etcd_refusal.py", "check_hostname"): "an ssl.SSLContext",
+    ("gradsync/store/etcd_refusal.py", "check_hostname"): "an ssl.SSLContext",
 }
 
 

@@ -22,15 +22,15 @@ import torch.distributed as dist
 from fake_etcd import FakeEtcdMember
 
 from gradsync.doctor.job import check_flags, parse
-from gradsync.elastic.etcd_client import EtcdClient
-from gradsync.elastic.etcd_store import parse_endpoints
-from gradsync.elastic.job_store import open_store
 from gradsync.errors import ConfigError
 from gradsync.launch import elastic
 from gradsync.launch.run import _prepare
 from gradsync.runtime import run_flags, store_server
 from gradsync.runtime.endpoints import etcd_members, join, split
 from gradsync.runtime.run_flags import ELASTIC, ETCD, STANDALONE, STATIC, UNUSED
+from gradsync.store.etcd_client import EtcdClient
+from gradsync.store.etcd_store import parse_endpoints
+from gradsync.store.job_store import open_store
 
 SCRIPTS = Path(__file__).parent / "scripts"
 ETCD_FLAGS = ["--store", "etcd://127.0.0.1:2379", "--rdzv-id", "job"]

@@ -15,7 +15,7 @@ from torch import nn
 import gradsync
 from bench.store_load.recording import RecordingStore
 from gradsync import elastic
-from gradsync.elastic import job_store
+from gradsync.store import job_store
 
 out = Path(sys.argv[1])
 steps, compute_s = int(os.environ.get("STEPS", "80")), float(os.environ.get("COMPUTE_S", "0.05"))

@@ -27,9 +27,9 @@ from pathlib import Path
 
 from bench.store_load.__main__ import _machine_busy
 from bench.store_load.servers import Served
-from gradsync.elastic.etcd_client import EtcdClient
-from gradsync.elastic.etcd_refusal import EtcdRefused
 from gradsync.runtime.etcd_access import EtcdAccess
+from gradsync.store.etcd_client import EtcdClient
+from gradsync.store.etcd_refusal import EtcdRefused
 from lab import certs, etcd_cluster, results
 
 ROOT = Path(__file__).resolve().parents[2]

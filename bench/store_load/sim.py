@@ -16,12 +16,12 @@ from dataclasses import dataclass, field
 
 from bench.store_load.pattern import largest_gap, steady_pattern
 from bench.store_load.recording import Op, RecordingStore
-from gradsync.elastic import job_store
-from gradsync.elastic.etcd_client import EtcdClient
 from gradsync.elastic.liveness import mark_exited
 from gradsync.elastic.membership import Membership
 from gradsync.elastic.timeouts import Timeouts
 from gradsync.launch.elastic import Job
+from gradsync.store import job_store
+from gradsync.store.etcd_client import EtcdClient
 
 RANKS_PER_NODE = 8
 STEP_S = 0.1  # a training step's time (only its boundary is simulated)

@@ -9,14 +9,14 @@ import time
 from gradsync.doctor.job import Job
 from gradsync.doctor.network import interfaces, resolve
 from gradsync.doctor.result import Result
-from gradsync.elastic.etcd_client import EtcdClient, EtcdUnavailable
-from gradsync.elastic.etcd_refusal import EtcdRefused
-from gradsync.elastic.etcd_store import parse_endpoints
 from gradsync.errors import ConfigError
 from gradsync.runtime import etcd_access, store_server
 from gradsync.runtime.endpoints import join, split
 from gradsync.runtime.etcd_access import EtcdAccess
 from gradsync.runtime.run_flags import RDZV_PORT
+from gradsync.store.etcd_client import EtcdClient, EtcdUnavailable
+from gradsync.store.etcd_refusal import EtcdRefused
+from gradsync.store.etcd_store import parse_endpoints
 
 CONNECT_S = 2.0  # one TCP connect or one etcd request
 

@@ -36,6 +36,8 @@ key                                    meaning                                  
 from __future__ import annotations
 
 PREFIX = "gradsync/elastic/"
+# Not a key: the environment variable the launcher sets on a worker it restarted, so that it asks to join.
+REJOIN_VARIABLE = "GRADSYNC_ELASTIC_REJOIN"
 
 SEQUENCE = PREFIX + "sequence"
 CURRENT_ROUND = PREFIX + "current_round"

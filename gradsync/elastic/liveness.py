@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch.distributed as dist
 
 from gradsync.elastic import keys, verdicts
-from gradsync.elastic.job_store import StoreHealth
+from gradsync.store.job_store import StoreHealth
 
 # A member's beat in a round of up to BEATS_PER_S * HEARTBEAT_S members. A host lost whole (its launcher with it, so
 # no exit is reported) is found only by its still heartbeat, SUSPECT_BEATS of them, most of such a fault's pause

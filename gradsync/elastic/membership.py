@@ -2,7 +2,7 @@
 
 All coordination goes through the job's key-value store (a TCPStore the elastic launcher hosts, outside every
 worker, so a dead worker takes no state with it; or an etcd cluster, so a dead host takes none either:
-:mod:`gradsync.elastic.job_store`; its keys: :mod:`gradsync.elastic.keys`). :class:`Membership` is the worker's
+:mod:`gradsync.store.job_store`; its keys: :mod:`gradsync.elastic.keys`). :class:`Membership` is the worker's
 side, built from collaborators it calls: who is alive is :mod:`gradsync.elastic.liveness`'s question (heartbeats,
 and exits reported by launchers), how a round's members are agreed on is :mod:`gradsync.elastic.rounds`', and the
 round's process group is :mod:`gradsync.elastic.round_group`'s.
@@ -19,7 +19,7 @@ import time
 
 import torch.distributed as dist
 
-from gradsync.elastic import job_store, join_requests, keys
+from gradsync.elastic import join_requests, keys
 from gradsync.elastic.admission import Admission
 from gradsync.elastic.errors import JobFinished
 from gradsync.elastic.job_status import MAX_WORLD_VARIABLE, WORKER_VARIABLE, job_done, job_running
@@ -31,6 +31,7 @@ from gradsync.elastic.verdicts import Suspicions
 from gradsync.errors import GradsyncError
 from gradsync.log import log
 from gradsync.runtime.env import ELASTIC_STORE_VARIABLE
+from gradsync.store import job_store
 
 
 class Membership:

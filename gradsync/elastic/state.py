@@ -31,7 +31,7 @@ import torch.distributed as dist
 from gradsync.checkpoint import rng_state, set_rng_state
 from gradsync.collectives.communicator import Communicator, Op
 from gradsync.elastic.errors import JobFinished, MembershipChanged
-from gradsync.elastic.futile import MAX_FUTILE, FutileRecoveries
+from gradsync.elastic.futile import FutileRecoveries
 from gradsync.elastic.loader import ElasticLoader
 from gradsync.elastic.membership import Membership
 from gradsync.elastic.phases import Phases
@@ -40,8 +40,6 @@ from gradsync.log import log
 from gradsync.validate import require_callable
 
 T = TypeVar("T")
-REJOIN_VARIABLE = "GRADSYNC_ELASTIC_REJOIN"  # set by the launcher on a restarted worker
-MAX_FUTILE_RECOVERIES = MAX_FUTILE  # a group formed at most this often in a row at init (futile.py at recovery)
 
 
 @dataclass(frozen=True)
@@ -135,7 +133,7 @@ class State:
             raise MembershipChanged("admitting a worker that asked to join")
 
     def count_recovery(self, failure: BaseException) -> None:
-        """Give up after more than MAX_FUTILE_RECOVERIES membership changes in a row without a committed step, over
+        """Give up after more than MAX_FUTILE membership changes in a row without a committed step, over
         6 heartbeat timeouts at least (:mod:`gradsync.elastic.futile`: not within a burst of faults)."""
         why = self._futile.count(self.steps, time.monotonic())
         if why is not None:

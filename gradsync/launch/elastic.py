@@ -32,7 +32,6 @@ from typing import Any
 import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std, start_processes
 
-from gradsync.elastic import job_store
 from gradsync.elastic.job_status import (
     MAX_WORLD_VARIABLE,
     WORKER_VARIABLE,
@@ -41,7 +40,7 @@ from gradsync.elastic.job_status import (
     report_exit,
     state_lost,
 )
-from gradsync.elastic.state import REJOIN_VARIABLE
+from gradsync.elastic.keys import REJOIN_VARIABLE
 from gradsync.errors import ConfigError
 from gradsync.launch.run import exception_line
 from gradsync.launch.stopped import STOPPED_VARIABLE, StopWatch
@@ -49,6 +48,7 @@ from gradsync.log import log
 from gradsync.polling import wait_until
 from gradsync.runtime import endpoints, run_flags, store_server
 from gradsync.runtime.env import ELASTIC_STORE_VARIABLE
+from gradsync.store import job_store
 
 # How often the launcher looks at its workers: a worker's exit is reported to the members this long after it at most,
 # which adds to a SIGKILLed worker's pause (docs/elastic.md, "Under chaos"). A look is a waitpid and a /proc read.

@@ -26,11 +26,11 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, P
 from torch.distributed.launcher.api import elastic_launch
 from torch.distributed.run import config_from_args
 
-from gradsync.elastic.etcd_store import parse_endpoints
 from gradsync.launch import rendezvous, watchdog
 from gradsync.log import log
 from gradsync.runtime import etcd_access, run_flags, store_server
 from gradsync.runtime.endpoints import split
+from gradsync.store.etcd_store import parse_endpoints
 
 STDERR_TAIL_LINES = 15
 

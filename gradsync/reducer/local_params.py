@@ -27,11 +27,10 @@ import torch
 
 from gradsync.torch_private.tensor_parallel import dtensor_type
 
-_DTENSOR = dtensor_type()
-
 
 def is_dtensor(tensor: object) -> bool:
-    return _DTENSOR is not None and isinstance(tensor, _DTENSOR)
+    dtensor = dtensor_type()  # None until torch.distributed.tensor is imported: then no tensor is a DTensor
+    return dtensor is not None and isinstance(tensor, dtensor)
 
 
 def local_of(tensor: torch.Tensor) -> torch.Tensor:
@@ -94,7 +93,7 @@ class LocalParams:
         current = param.grad
         if current is not None and current.to_local() is local.grad:  # type: ignore[attr-defined]
             return
-        param.grad = _DTENSOR.from_local(  # type: ignore[union-attr]
+        param.grad = dtensor_type().from_local(  # type: ignore[union-attr]
             local.grad,
             param.device_mesh,  # type: ignore[attr-defined]
             param.placements,  # type: ignore[attr-defined]

@@ -196,7 +196,7 @@ PRIVATE_NAMES: tuple[PrivateName, ...] = (
     ),
     PrivateName(
         "torch._dynamo",
-        ("gradsync/elastic/__init__.py", _COMPILED),
+        ("gradsync/elastic/join.py", _COMPILED),
         "imported ahead (a slow import) so a joiner does not pay it inside its first step",
         _ALL,
         f"{RAN}; {READ}: torch/_dynamo/__init__.py",

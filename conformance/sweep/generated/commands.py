@@ -155,7 +155,7 @@ def _read_stopwatch() -> None:
 
 
 def _read_store_health() -> None:
-    from gradsync.elastic.job_store import StoreHealth
+    from gradsync.store.job_store import StoreHealth
 
     StoreHealth()
 

@@ -3,7 +3,7 @@ http or TLS, as an etcd user or not (gradsync/runtime/etcd_access.py says which)
 
 It speaks HTTP/1.1 with keep-alive (etcd serves its JSON gateway on the client port), one connection per thread, and
 goes on to the next member when one fails: a lost member costs a request's timeout once, not every request. A
-member that refuses this client (a certificate, a password: gradsync/elastic/etcd_refusal.py) fails the request at
+member that refuses this client (a certificate, a password: gradsync/store/etcd_refusal.py) fails the request at
 once, naming what to fix, instead of being retried as if it were down.
 
 With a user, the client gets a token from ``/v3/auth/authenticate`` at its first request and sends it in the
@@ -26,12 +26,12 @@ import warnings
 from collections.abc import Sequence
 from typing import Any
 
-from gradsync.elastic import etcd_refusal
-from gradsync.elastic.etcd_refusal import EtcdRefused
 from gradsync.errors import ConfigError, GradsyncError
 from gradsync.runtime import etcd_access
 from gradsync.runtime.endpoints import split
 from gradsync.runtime.etcd_access import EtcdAccess
+from gradsync.store import etcd_refusal
+from gradsync.store.etcd_refusal import EtcdRefused
 
 REQUEST_S = 2.0  # one request to one member; a member that does not answer within this is skipped
 UNAVAILABLE_S = 10.0  # an operation that no member could serve for this long fails, naming the cluster

@@ -7,7 +7,7 @@ the same answer.
 Some refusals are certain from one answer (a certificate that fails verification, etcd's own "authentication
 failed"); others look, once, like a member that stopped mid-handshake (an end of stream where a TLS 1.3 member
 drops a client without a certificate). Those are ``certain=False``, and the client raises one only after every
-member gave it twice (gradsync/elastic/etcd_client.py).
+member gave it twice (gradsync/store/etcd_client.py).
 """
 
 from __future__ import annotations

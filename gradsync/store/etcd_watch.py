@@ -19,7 +19,7 @@ from typing import Any, Protocol
 
 
 class Client(Protocol):
-    """What a watch needs of gradsync/elastic/etcd_client.py's ``EtcdClient``."""
+    """What a watch needs of gradsync/store/etcd_client.py's ``EtcdClient``."""
 
     def call(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         """One request, failed over between the members."""

@@ -5,9 +5,9 @@ Every operation the elastic protocol and torch's process groups use maps onto on
 compare-and-swap loop: ``set`` is a put, ``check`` and ``get`` are (linearizable) ranges (a ``check`` of several
 keys one read-only transaction), ``compare_set`` is a transaction, ``add`` a transaction on the key's revision,
 retried when another client got in first. A ``get`` of a key not yet set waits for it, as a TCPStore's does (torch's
-gloo rendezvous relies on that), and so does ``wait``: with a watch, not a poll (gradsync/elastic/etcd_watch.py).
+gloo rendezvous relies on that), and so does ``wait``: with a watch, not a poll (gradsync/store/etcd_watch.py).
 
-Its client (gradsync/elastic/etcd_client.py) speaks HTTP/1.1, or HTTPS with a CA, a client certificate and an etcd user
+Its client (gradsync/store/etcd_client.py) speaks HTTP/1.1, or HTTPS with a CA, a client certificate and an etcd user
 where the cluster wants them, and fails over between the members. The one dependency this needs is etcd itself (Debian's
 etcd-server 3.4; the gateway is at ``/v3/`` since 3.4). torch's own EtcdStore
 (torch/distributed/elastic/rendezvous/etcd_store.py) speaks etcd's v2 API through python-etcd, which is unmaintained and
@@ -29,12 +29,12 @@ from typing import Any
 
 import torch.distributed as dist
 
-from gradsync.elastic.etcd_client import UNAVAILABLE_S, EtcdClient
-from gradsync.elastic.etcd_watch import wait_until_put
 from gradsync.errors import ConfigError
 from gradsync.runtime import etcd_access
 from gradsync.runtime.endpoints import etcd_members, split
 from gradsync.runtime.etcd_access import EtcdAccess
+from gradsync.store.etcd_client import UNAVAILABLE_S, EtcdClient
+from gradsync.store.etcd_watch import wait_until_put
 
 TXN_OPS = 128  # etcd's --max-txn-ops default: the most comparisons one transaction may hold
 
@@ -113,7 +113,7 @@ class EtcdStore(dist.Store):
 
     def get(self, key: str) -> bytes:
         """The value of ``key``, waiting for it to be set (at most the store's timeout), as a TCPStore does: one
-        request if it is set, else a watch until it is (gradsync/elastic/etcd_watch.py), not a poll."""
+        request if it is set, else a watch until it is (gradsync/store/etcd_watch.py), not a poll."""
         deadline = time.monotonic() + self._wait.total_seconds()
         while (kv := self._range(key)) is None:
             if not wait_until_put(self.client, self._key(key), deadline):

@@ -15,11 +15,11 @@ import time
 import torch.distributed as dist
 
 from gradsync import settings
-from gradsync.elastic.etcd_client import EtcdClient, EtcdUnavailable
-from gradsync.elastic.etcd_refusal import EtcdRefused
-from gradsync.elastic.etcd_store import EtcdStore, parse_endpoints
 from gradsync.runtime import etcd_access
 from gradsync.runtime.endpoints import etcd_scheme, split
+from gradsync.store.etcd_client import EtcdClient, EtcdUnavailable
+from gradsync.store.etcd_refusal import EtcdRefused
+from gradsync.store.etcd_store import EtcdStore, parse_endpoints
 
 # How a TCPStore client fails once the server's process is gone (the connection closed or reset). A link that is
 # down fails with timeouts instead, and may come back.
