@@ -26,12 +26,8 @@ Example::
 The store lives in the launcher of the node serving the rendezvous; if that node is lost, the job cannot coordinate
 and ends (restart it from a checkpoint, e.g. ``gradsync run --max-restarts``). See docs/elastic.md.
 
-The folder: ``state.py`` (``State``, ``run``: commit, recover), ``loader.py`` (every sample once), ``membership.py``
-(a worker's view of the job), ``rounds.py`` (a round's members agreed through the store), ``round_group.py`` (the
-round's process group), ``liveness.py`` (heartbeats, launcher exit reports), ``admission.py`` (a joiner admitted at
-an announced step), ``join.py`` (``init``), ``timeouts.py``, ``errors.py``, ``job_status.py`` (the job as its
-launchers read it), ``keys.py`` (the store's keys). The store itself (which one, and etcd's) is
-:mod:`gradsync.store`'s.
+Each file of this folder is listed, with what it holds, in ARCHITECTURE.md's module table; the job's store (which
+one, and etcd's) is ``gradsync.store``'s.
 """
 
 from __future__ import annotations
