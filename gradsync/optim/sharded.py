@@ -21,7 +21,7 @@ from gradsync.collectives.communicator import Communicator, Op
 from gradsync.collectives.tensors import all_gather_shards
 from gradsync.errors import CollectiveError, ConfigError
 from gradsync.optim.saved_state import check_saved_state, prober
-from gradsync.torch_private.tensor_parallel import dtensor_type
+from gradsync.reducer.local_params import is_dtensor
 from gradsync.validate import require_group, require_int
 
 # The usual reason a rank never reaches the all-gather: uneven inputs under a Join that does not include us.
@@ -250,7 +250,7 @@ def _plain_parameters(params: Iterable[Any]) -> list[Any]:
     if not listed:
         raise ConfigError("ShardedOptimizer: params is empty; pass the model's parameters (model.parameters()).")
     tensors = [p for item in listed for p in (item["params"] if isinstance(item, dict) else [item])]
-    dtensors = [i for i, p in enumerate(tensors) if isinstance(p, dtensor_type() or ())]
+    dtensors = [i for i, p in enumerate(tensors) if is_dtensor(p)]
     if dtensors:
         raise ConfigError(
             f"ShardedOptimizer: params holds {len(dtensors)} DTensor parameter(s) (the first at position "

@@ -22,10 +22,16 @@ def _loaded_class(*dotted: str) -> type | None:
     return None
 
 
+_dtensor: type | None = None  # once found (is_dtensor asks for every buffer at every forward): it stays the same
+
+
 def dtensor_type() -> type | None:
     """torch's DTensor class, or None while it is not imported (``torch.distributed.tensor.DTensor``; in 2.4
     ``torch.distributed._tensor.DTensor``, which 2.13 still keeps as an alias)."""
-    return _loaded_class("torch.distributed.tensor.DTensor", "torch.distributed._tensor.DTensor")
+    global _dtensor
+    if _dtensor is None:
+        _dtensor = _loaded_class("torch.distributed.tensor.DTensor", "torch.distributed._tensor.DTensor")
+    return _dtensor
 
 
 def fsdp_module_types() -> tuple[type, ...]:
