@@ -344,6 +344,38 @@ def inject(fault: str, host, pid: int, seconds: float = 8.0) -> None:
         subprocess.run(["ip", "-n", host.namespace, "link", "set", host.interface, "up"], check=True)
 
 
+def stick(out: Path, pid: int, seconds: float) -> None:
+    """The worker ``pid``'s training thread sleeps ``seconds`` inside its step, its heartbeat thread beating on
+    (tests/scripts/elastic_train.py's SIGUSR2): a step stuck in user code, a data loader or a file system."""
+    (out / f"{pid}.stuck").write_text(str(seconds))
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGUSR2)
+
+
+def stuck_steps(tmp_path: Path, epochs: int = 6) -> dict:
+    """Two steps stuck with their heartbeats alive, on 3 hosts: h1's for 8 s mid-job (past the 5 s timeout: the
+    others go on, and it rejoins when it wakes), then h2's for 15 s near the end (the job finishes without it, and
+    it wakes to a finished job: it must end with status 0, its launcher too). Returns the first's time and pid, the
+    survivors' pids, the second's pid, and the launchers' output."""
+    out = tmp_path / "stuck"
+    out.mkdir()
+    total = epochs * SAMPLES // (4 * HOSTS)  # steps, at 3 ranks of batch 4
+    with netlab.lab(hosts=HOSTS, rate="1gbit", prefix="gselastic") as lab:
+        procs = launch(lab, out, {"STEP_SLEEP": "0.05", "ELASTIC_TIMEOUT": "5", "EPOCHS": str(epochs)})
+        try:
+            wait_steps(out, 15)
+            first, survivors, when = pid_of(out, "h1"), [pid_of(out, "h0"), pid_of(out, "h2")], time.time()
+            stick(out, first, 8.0)
+            wait_after(out, when, [first], timeout=60)  # it woke and rejoined
+            wait_steps(out, total - 25)
+            second = pid_of(out, "h2")
+            stick(out, second, 15.0)
+            logs = finish(procs)
+            return {"out": out, "first": (first, when), "survivors": survivors, "second": second, "logs": logs}
+        finally:
+            kill_all(procs, out)
+
+
 def wait_after(out: Path, when: float, pids: list[int], timeout: float = 30) -> None:
     deadline = time.monotonic() + timeout
     while not any(e["t"] > when and e["pid"] in pids for e in events_of(out)):

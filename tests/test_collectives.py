@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
+import time
 
 import pytest
 import torch
@@ -15,7 +17,10 @@ from torch.distributed.algorithms.join import Join
 
 import gradsync
 from gradsync import checkpoint
+from gradsync.collectives.activity import CollectiveActivity
+from gradsync.collectives.communicator import Communicator, Op
 from gradsync.observe import Monitor
+from gradsync.polling import wait_until
 from gradsync.testing import spawn
 from lab.zoo.toys import build
 
@@ -198,3 +203,20 @@ def test_a_stuck_nccl_collective_is_named_on_stderr_and_to_the_peers() -> None:
     assert "NCCL's watchdog will end this process" in said and "GRADSYNC_DEBUG=1" in said
     assert "rank(s) [1] reported nothing" in said  # the peer that never issued it
     assert posted is not None and posted.startswith("all-reduce of bucket 3 failed on rank 0")
+
+
+def test_the_communicator_marks_the_time_this_rank_spends_inside_collectives() -> None:
+    """An elastic worker's heartbeat thread tells a step stalled outside every collective from one waiting inside a
+    collective that has yet to fail (gradsync/collectives/activity.py): the communicator marks its waits."""
+    activity = CollectiveActivity()
+    comm = Communicator(activity=activity)
+    future: torch.futures.Future = torch.futures.Future()
+    waiting = threading.Thread(target=comm.wait, args=(future, Op.BUCKET_ALLREDUCE, 0))
+    waiting.start()
+    assert wait_until(lambda: activity.outside_for() is None, 5)  # inside, for as long as the wait lasts
+    time.sleep(0.05)
+    assert activity.outside_for() is None
+    future.set_result(None)
+    waiting.join(5)
+    outside = activity.outside_for()
+    assert outside is not None and outside < 1.0  # since the wait ended, not since it was made

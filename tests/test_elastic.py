@@ -35,6 +35,7 @@ from lab.elastic import (  # noqa: E402
     recoveries,
     scenario,
     store_host_lost,
+    stuck_steps,
     unrecorded_shares,
 )
 
@@ -210,6 +211,31 @@ def test_survivors_continue_when_a_worker_goes_silent(tmp_path: Path, fault: str
     ]
     assert not futile, recoveries(run["logs"])
     assert len(finals(out)) == HOSTS
+
+
+@needs_lab
+@pytest.mark.lab
+@pytest.mark.timeout(420)
+def test_a_step_stuck_with_its_heartbeat_alive_costs_one_timeout_and_never_a_failed_job(tmp_path: Path) -> None:
+    """Issue 59's stuck step: a worker's training thread hangs inside a step while its heartbeat beats on. The others
+    go on after the collective timeout (5 s) and no second wait; it rejoins when it wakes; one that wakes after the
+    job finished ends with status 0, saying so, and no launcher reports a failure (11.1 s and an exit 1 before)."""
+    run = stuck_steps(tmp_path)
+    out, logs = run["out"], run["logs"]
+    first, when = run["first"]
+    said = recoveries(logs)
+    assert paused(out, when, run["survivors"], world=2) < 5.0 + 1.5, said
+    assert "goes on without worker" in said and "outside every collective" in said, said
+    # It woke, committed its stuck step (every member's all-reduce had completed), and trained on after it rejoined.
+    after = sorted((e["t"], e["step"]) for e in events_of(out) if e["pid"] == first and e["t"] > when)
+    assert len(after) >= 2 and after[0][0] > when + 7.5 and after[1][1] > after[0][1] + 1, (after[:3], said)
+    assert "the job finished while this worker's training thread was stalled" in logs[2], logs[2][-3000:]
+    for log in logs:
+        assert "restart the job" not in log and "Traceback" not in log, log[-3000:]
+    check_exactly_once(out, epochs=6)
+    ended = finals(out)
+    assert len(ended) == HOSTS - 1  # h2's worker, finished without, reports nothing
+    assert len({round(f["checksum"], 6) for f in ended}) == 1
 
 
 @needs_lab

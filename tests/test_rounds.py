@@ -15,6 +15,7 @@ from collections.abc import Iterator
 import pytest
 import torch.distributed as dist
 
+from gradsync.collectives.activity import CollectiveActivity
 from gradsync.elastic import keys, liveness, verdicts
 from gradsync.elastic.errors import JobStateLost, MembershipChanged
 from gradsync.elastic.job_status import find_state_lost, state_lost
@@ -44,8 +45,11 @@ def workers(store: dist.Store) -> Iterator[list[Membership]]:
         worker.stop()
 
 
-def _first_round(store: dist.Store, workers: list[Membership], count: int) -> None:
-    workers += [Membership(store, store, TIMEOUTS) for _ in range(count)]
+def _first_round(
+    store: dist.Store, workers: list[Membership], count: int, timeouts: Timeouts = TIMEOUTS, activity=None
+) -> None:
+    """``activity(k)``: the k-th worker's CollectiveActivity (default: none watched)."""
+    workers += [Membership(store, store, timeouts, activity=activity and activity(k)) for k in range(count)]
     threads = [threading.Thread(target=w.first_round, args=(count, 20)) for w in workers]
     for t in threads:
         t.start()
@@ -154,6 +158,75 @@ def test_a_deciding_leader_goes_without_a_member_its_watcher_saw_stand_still(sto
     took = time.monotonic() - began
     assert formed == {1: [1, 2], 2: [1, 2]}
     assert took < 0.25, f"the round took {took:.2f}s: its leader counted the lost member's still beats itself"
+
+
+@pytest.mark.timeout(60)
+def test_a_deciding_leader_goes_without_a_member_whose_step_stalled(
+    store: dist.Store, workers: list, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A member stuck in a step, its heartbeat beating (the issue's "stuck step"): its own heartbeat thread posts
+    that its training thread has been outside every collective past the collective timeout, so the leader does not
+    wait another timeout for it to register; it takes the mark back once it touches a collective."""
+    timeouts = Timeouts(heartbeat=10.0, collective=1.0, admission=20)
+    activities = [CollectiveActivity() for _ in range(3)]
+    for busy in activities[:2]:
+        busy.enter()  # inside the collective that fails; the third is stuck before it
+    _first_round(store, workers, 3, timeouts, activity=activities.__getitem__)
+    leader, other, stuck = workers
+    assert wait_until(lambda: store.check([keys.stalled(stuck.me)]), 5)
+    assert not store.check([keys.stalled(leader.me)]) and not store.check([keys.stalled(other.me)])
+    formed: dict[int, list[int]] = {}
+    deciding = threading.Thread(target=lambda: formed.update({leader.me: leader.next_round(steps=5).members}))
+    began = time.monotonic()
+    with caplog.at_level(logging.WARNING, logger="gradsync"):
+        deciding.start()
+        assert wait_until(lambda: store.check([keys.leader(2)]), 5)
+        formed[other.me] = other.next_round(steps=5).members
+        deciding.join(30)
+    took = time.monotonic() - began
+    assert formed == {1: [1, 2], 2: [1, 2]}
+    # Without the mark: SETTLE_S + the collective timeout, 2 s.
+    assert took < 0.5, f"the round took {took:.2f}s: its leader waited for the stalled member"
+    assert "round 2 goes on without worker 3: its training thread had been outside every collective" in caplog.text
+    activities[2].enter()  # it woke and touched a collective: the mark goes
+    assert wait_until(lambda: not store.check([keys.stalled(stuck.me)]), 5)
+    assert not stuck.finished_while_stalled()
+
+
+def test_a_stalled_worker_learns_that_the_job_finished_and_ends_with_it(store: dist.Store) -> None:
+    """The job's TCPStore closes with the job: a worker stalled in a step must learn of the end before then, so that
+    when it wakes it ends with status 0 (JobFinished) instead of failing on a store that is gone."""
+    stalled, busy = CollectiveActivity(), CollectiveActivity()
+    busy.enter()
+    looks = [verdicts.Stall(1, stalled, seconds=0.0), verdicts.Stall(2, busy, seconds=0.0)]
+    for stall in looks:
+        stall.look(store)
+    assert not any(stall.job_finished.is_set() for stall in looks)
+    store.set(keys.DONE, "1")
+    for stall in looks:
+        stall.look(store)
+    assert looks[0].job_finished.is_set()
+    assert not looks[1].job_finished.is_set()  # a worker inside a collective learns it there
+
+
+def test_a_launcher_whose_worker_fails_after_the_job_finished_does_not_call_the_store_lost() -> None:
+    """The store's host closes its TCPStore once the members finished: a launcher reporting an exit afterwards (its
+    worker woke from a stuck step) must not call that a lost store, which means "restart the job from its last
+    checkpoint", for a job that succeeded."""
+    from gradsync.launch.elastic import Worker
+
+    class Closed(dist.HashStore):
+        def check(self, keys: list[str]) -> bool:
+            raise dist.DistNetworkError("Broken pipe")
+
+    store = dist.HashStore()
+    store.set(keys.DONE, "1")
+    job = Job(store, "10.0.0.1:29650", hosting=False)
+    job.look()
+    assert job.done
+    job.store = Closed()
+    job.report_exit(Worker(0, "node"))
+    assert job.lost is None
 
 
 def test_a_suspicion_holds_until_the_member_beats_again(store: dist.Store) -> None:

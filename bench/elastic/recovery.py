@@ -19,6 +19,12 @@ with whether the gate called the round off (gradsync/elastic/formation.py):
 
     python -m bench.elastic.recovery --runs 3 --during-regroup
     python -m bench.elastic.recovery --runs 3 --during-regroup --gate-off    # before the gate, for comparison
+
+A step stuck with its heartbeat alive (lab/elastic.py's ``stuck_steps``: h1's training thread asleep 8 s mid-job,
+timeout 5 s, then h2's for 15 s as the job ends), with whether the round's leader went without it because it said it
+stalled (gradsync/elastic/verdicts.py's Stall), and whether any launcher reported a failure:
+
+    python -m bench.elastic.recovery --runs 3 --stuck
 """
 
 from __future__ import annotations
@@ -41,7 +47,9 @@ from lab.elastic import (
     fault_during_regroup,
     first_step_after,
     paused,
+    recoveries,
     scenario,
+    stuck_steps,
 )
 
 
@@ -99,6 +107,21 @@ def measure_during_regroup(tmp: Path, gate: bool = True) -> dict[str, float]:
     }
 
 
+def measure_stuck(tmp: Path) -> dict[str, float]:
+    """The survivors' pause after h1's step stuck (5 s of it the collective timeout), when h1 trained again after it
+    woke (its second step after the fault: the first is the stuck step, committed as it wakes), and whether the
+    second stuck step, which wakes after the job finished, ended as such."""
+    run = stuck_steps(tmp)
+    out, (first, when), logs = run["out"], run["first"], run["logs"]
+    check_exactly_once(out, epochs=6)
+    return {
+        "survivors paused s": paused(out, when, run["survivors"], HOSTS - 1),
+        "left out as stalled": float("goes on without worker" in recoveries(logs)),
+        "h1 training again s": sorted(e["t"] for e in events_of(out) if e["pid"] == first and e["t"] > when)[1] - when,
+        "h2 ended as finished": float("the job finished while this worker's training thread" in logs[2]),
+    }
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.elastic.recovery", description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=3)
@@ -117,12 +140,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--during-regroup", action="store_true", help="a second fault inside the regroup window")
     parser.add_argument("--gate-off", action="store_true", help="with --during-regroup: no formation gate (before)")
+    parser.add_argument("--stuck", action="store_true", help="steps stuck with their heartbeats alive")
     args = parser.parse_args(argv)
     if netlab.available() is not None:
         print(f"skipped: {netlab.available()}")
         return 1
     tmp = lambda: Path(tempfile.mkdtemp(prefix="gselastic"))  # noqa: E731
-    if args.during_regroup:
+    if args.stuck:
+        rows = [measure_stuck(tmp()) for _ in range(args.runs)]
+    elif args.during_regroup:
         rows = [measure_during_regroup(tmp(), not args.gate_off) for _ in range(args.runs)]
     elif args.etcd:
         rows = [measure_any_host(tmp(), args.etcd) for _ in range(args.runs)]

@@ -28,6 +28,7 @@ import torch.distributed as dist
 
 from gradsync import settings, torch_private
 from gradsync.collectives import desync
+from gradsync.collectives.activity import CollectiveActivity, of_this_process
 from gradsync.collectives.groups import resolve
 from gradsync.collectives.nccl_watch import Watch
 from gradsync.collectives.peer_errors import PeerReports, report_grace
@@ -92,11 +93,14 @@ class Communicator:
         check_desync: bool = False,
         device: torch.device | None = None,
         reports: PeerReports | None = None,
+        activity: CollectiveActivity | None = None,
     ) -> None:
         self._process_group = process_group
         self.check_desync = check_desync
         # How failures reach the peers (and theirs this rank): the process's rule unless given.
         self.reports = reports if reports is not None else PeerReports.for_this_process()
+        # When this rank last touched a collective, for an elastic worker's heartbeat thread (activity.py); None: none.
+        self._activity = activity if activity is not None else of_this_process()
         self.device = device  # the owner's device: where object collectives stage their bytes (None: torch's choice)
         self.sequence = 0  # collectives issued so far: identical on every rank while they are in step
         self.step = 0  # the owner's synced step (DDP advances it at each synced forward), for fingerprints
@@ -246,6 +250,9 @@ class Communicator:
         ``bounded``: a future the backend's timeout does not cover (a communication hook's own) fails after the
         process group's timeout instead of blocking forever."""
         # try/except rather than _named's context manager: every bucket of every backward is waited for here.
+        activity = self._activity
+        if activity is not None:
+            activity.enter()
         try:
             if bounded and not future.done():
                 self._wait_until_done(future)
@@ -254,6 +261,9 @@ class Communicator:
             raise
         except Exception as exc:
             raise self._failure(op, index, what, exc) from exc
+        finally:
+            if activity is not None:
+                activity.leave()
 
     def _wait_until_done(self, future: torch.futures.Future) -> None:
         timeout = self.timeout_seconds()
@@ -308,7 +318,7 @@ class Communicator:
     @contextlib.contextmanager
     def _issuing(self, op: Op, index: int, tensor: torch.Tensor | None, what: Description = None) -> Iterator[None]:
         self.sequence += 1
-        with self._named(op, index, what):
+        with self._named(op, index, what), self._activity.inside() if self._activity else contextlib.nullcontext():
             # The model check carries the settings (GRADSYNC_DEBUG among them): it runs unfingerprinted, so that a
             # rank with debug on meets a rank with debug off in the same collective and both can name the flag.
             if self.check_desync and op is not Op.MODEL_CHECK:

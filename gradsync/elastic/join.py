@@ -38,6 +38,11 @@ def init(
         job.finished()                            # done (elastic.run and State.finish() call it for you)
     """
     job = Membership.connect(Timeouts.read(timeout, collective_timeout, admission_timeout))
+    with job.coordinating():  # waiting to be admitted, however long, is not a stalled step
+        return _join(job)
+
+
+def _join(job: Membership) -> Membership:
     if os.environ.get(REJOIN_VARIABLE) == "1" or job.job_running():
         _import_before_joining()
         job.request_to_join()

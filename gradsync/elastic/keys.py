@@ -12,7 +12,10 @@ key                                    meaning                                  
 ``exited/<member>``                    its launcher saw its process exit                     launchers
 ``lost/<member>``                      its heartbeat stopped: the count last seen, and why   the member watching it
 ``suspected/<member>``                 its heartbeat stood still for 3 beats: count, why     the member watching it
-``verdicts``, ``verdicts/<k>``         counter: marks posted; the k-th mark's member        launchers, watchers
+``stalled/<member>``                   its training thread is outside every collective past  its own heartbeat
+                                       the collective timeout (why); deleted once back       thread
+``verdicts``, ``verdicts/<k>``         counter: marks posted; the k-th mark's member        launchers, watchers,
+                                                                                             stalled members
 ``joiners/<member>``, ``join_requests``  a worker asks to be admitted; how many asked so far  joiners
 ``tickets/<k>``                        the worker that made the k-th join request            joiners
 ``joined/<member>``                    admitted ("expired: why" if left out)                 members / leaders
@@ -67,6 +70,10 @@ def lost(member: int) -> str:
 
 def suspected(member: int) -> str:
     return f"{PREFIX}suspected/{member}"
+
+
+def stalled(member: int) -> str:
+    return f"{PREFIX}stalled/{member}"
 
 
 def verdict(ticket: int) -> str:

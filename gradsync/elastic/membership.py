@@ -14,11 +14,13 @@ admitted at a step boundary rank 0 announces a few steps ahead (:mod:`gradsync.e
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 
 import torch.distributed as dist
 
+from gradsync.collectives.activity import CollectiveActivity, of_this_process
 from gradsync.elastic import join_requests, keys
 from gradsync.elastic.admission import Admission
 from gradsync.elastic.errors import JobFinished
@@ -27,7 +29,7 @@ from gradsync.elastic.liveness import Liveness
 from gradsync.elastic.round_group import RoundGroup
 from gradsync.elastic.rounds import Round, Rounds
 from gradsync.elastic.timeouts import Timeouts
-from gradsync.elastic.verdicts import Suspicions
+from gradsync.elastic.verdicts import Stall, Suspicions
 from gradsync.errors import GradsyncError
 from gradsync.log import log
 from gradsync.runtime.env import ELASTIC_STORE_VARIABLE
@@ -45,7 +47,14 @@ class Membership:
         job.finished()
     """
 
-    def __init__(self, store: dist.Store, beat_store: dist.Store, timeouts: Timeouts, where: str = "") -> None:
+    def __init__(
+        self,
+        store: dist.Store,
+        beat_store: dist.Store,
+        timeouts: Timeouts,
+        where: str = "",
+        activity: CollectiveActivity | None = None,
+    ) -> None:
         self.store = store
         self.where = where  # how the store was reached, for messages
         self.timeouts = timeouts
@@ -58,6 +67,9 @@ class Membership:
         self._admission: tuple[Round, Admission] | None = None  # the current round's, read by the heartbeat thread
         self._finished_without_me = False
         self._beat_store = beat_store
+        # The training thread's collectives (None: not watched): a step stalled outside them is posted.
+        self._activity = activity
+        self._stall = Stall(self.me, activity, timeouts.collective) if activity is not None else None
         self.liveness = Liveness(
             beat_store, self.me, timeouts.heartbeat, on_gone=self._member_gone, on_beat=self._each_beat
         )
@@ -69,6 +81,22 @@ class Membership:
         is abandoned, the round being formed with it called off, and the current round's members told."""
         self._rounds.abandon(self._beat_store, member, why)
         self._group.tell_members(member, why, self.liveness.last_count(member))
+
+    def coordinating(self) -> contextlib.AbstractContextManager:
+        """The training thread is in the job's own coordination (joining, forming a round, receiving the state):
+        however long that takes, it is not a step stalled outside every collective (:class:`~.verdicts.Stall`)."""
+        return self._activity.inside() if self._activity is not None else contextlib.nullcontext()
+
+    def finished_while_stalled(self) -> JobFinished | None:
+        """The job finished while this worker's training thread was stalled in a step (its heartbeat thread saw
+        it): the error to end this worker with, status 0; else None."""
+        if self._stall is None or not self._stall.job_finished.is_set():
+            return None
+        return JobFinished(
+            f"worker {self.me}: the job finished while this worker's training thread was stalled outside every "
+            f"collective for over {self.timeouts.collective:g}s (GRADSYNC_ELASTIC_COLLECTIVE_TIMEOUT), and the others "
+            "went on without it"
+        )
 
     @property
     def finished_without_me(self) -> bool:
@@ -96,7 +124,7 @@ class Membership:
             )
         # Two clients: the heartbeat thread never shares a connection with the training thread.
         store, beat_store = job_store.open_stores(where, 2)
-        return cls(store, beat_store, timeouts, where)
+        return cls(store, beat_store, timeouts, where, of_this_process())
 
     def stop(self) -> None:
         self.liveness.stop()
@@ -179,6 +207,8 @@ class Membership:
         announces a step far enough ahead that every member has read it by then. A member that still misses it
         fails its next collective (the others left the group) and joins the next round with them: late, never
         wrong."""
+        if (finished := self.finished_while_stalled()) is not None:
+            raise finished  # before the store's loss: a TCPStore closes with the job
         lost = self.liveness.health.lost
         if lost is not None:
             raise GradsyncError(
@@ -195,13 +225,18 @@ class Membership:
     def _each_beat(self, store: dist.Store) -> None:
         """From the heartbeat thread, each beat: a round being formed with a member that looks dead is called off,
         a round whose leader looks dead is abandoned, a member of this round that looks dead is posted for the next
-        round's leader (:class:`~.verdicts.Suspicions`), and the admission announcement is looked for."""
+        round's leader (:class:`~.verdicts.Suspicions`), the admission announcement is looked for, and this worker's
+        own training thread, stalled in a step, is posted (:class:`~.verdicts.Stall`)."""
         self._group.call_off_for_suspects(self.liveness.suspects)
         self._rounds.abandon_if_leader_suspected(store)
         current = self.round
         if current is not None:
             self._suspicions.post_new(store, current.number, current.members)
         self._look_for_admission(store)
+        if self._stall is not None:
+            self._stall.look(store)
+            if self._stall.job_finished.is_set():
+                self.liveness.stop()  # no member watches it now, and the store may close with the job
 
     def _look_for_admission(self, store: dist.Store) -> None:
         """From the heartbeat thread, each beat: rank 0 announces the admitting step when a worker asked to join;

@@ -228,6 +228,20 @@ class Rounds:
         self._store.set(keys.requests(number), str(requests))
         self._store.set(keys.verdicts_counted(number), str(known.count))
         self._store.set(keys.CURRENT_ROUND, str(number))
+        self._say_who_stalled(number, [m for m in current.members if m not in members], known)
+
+    def _say_who_stalled(self, number: int, left_out: list[int], known: Verdicts) -> None:
+        """Said by the leader, once: a member left out because its own step stalled is the user's code to look at."""
+        for member in left_out:
+            if member in known.stalled:
+                why = known.stalled[member]
+                log.warning(
+                    "gradsync elastic: round %d goes on without worker %d: %s (a step stuck in user code, a data "
+                    "loader or a file system?); it joins again when it wakes",
+                    number,
+                    member,
+                    why,
+                )
 
     def _alive(self, member: int, known: Verdicts) -> bool:
         """Not known gone, and its heartbeat moved within the timeout as this leader saw it. The leader is alive,
@@ -242,10 +256,13 @@ class Rounds:
         round is being decided because something failed, and a live member's heartbeat thread beats even inside a
         collective. So a host lost whole (no launcher left to report the exit) costs ``SUSPECT_BEATS`` beats of
         the round's interval (longer past 100 members: :func:`~.liveness.beat_interval`), not the heartbeat
-        timeout. A live member wrongly left out joins again in-process."""
+        timeout. Nor one that said its training thread is stalled, outside every collective past the collective
+        timeout (:class:`~.verdicts.Stall`): no collective of it is left to fail. A live member wrongly left out
+        joins again in-process."""
         suspect_s = SUSPECT_BEATS * self._liveness.interval
         return (
             self._alive(member, known)
+            and member not in known.stalled
             and not known.suspected(member, self._liveness.last_count(member))
             and self._liveness.still_for(member) < suspect_s
         )

@@ -35,6 +35,7 @@ from gradsync.elastic.futile import FutileRecoveries
 from gradsync.elastic.loader import ElasticLoader
 from gradsync.elastic.membership import Membership
 from gradsync.elastic.phases import Phases
+from gradsync.elastic.rounds import Round
 from gradsync.errors import CollectiveError, ConfigError, GradsyncError
 from gradsync.log import log
 from gradsync.validate import require_callable
@@ -182,6 +183,9 @@ class State:
             yield
         except RECOVERABLE as exc:
             self._recover_or_finish(exc)
+        except JobFinished as done:  # the job finished while this worker was stalled in the step
+            self.job.finish_without_me(done)
+            raise
 
     def _recover_or_finish(self, failure: BaseException) -> None:
         if not _recover(self, failure):
@@ -206,6 +210,22 @@ class State:
         assert self.job.round is not None
         start, before = time.monotonic(), self.job.round.world_size
         clock = self._recovery_phases = Phases()
+        with self.job.coordinating():
+            round_ = self._form_next_round(reason, clock)
+        seconds = time.monotonic() - start
+        why = str(reason).splitlines()[0][:200]
+        self.recoveries.append(Recovery(self.steps, why, before, round_.world_size, seconds, clock.seconds()))
+        log.warning(
+            "gradsync elastic: %d -> %d workers at step %d in %.2fs: %s (%s)",
+            before,
+            round_.world_size,
+            self.steps,
+            seconds,
+            clock.describe(),
+            why,
+        )
+
+    def _form_next_round(self, reason: BaseException, clock: Phases) -> Round:
         with clock.phase("leave"):
             self.job.leave_group(reason)  # first: the members still inside the failed collective then fail at once
         with clock.phase("round"):
@@ -219,18 +239,7 @@ class State:
                 self.optimizer.verify_parameters()  # type: ignore[attr-defined]
         with clock.phase("state"):
             self._sync()
-        seconds = time.monotonic() - start
-        why = str(reason).splitlines()[0][:200]
-        self.recoveries.append(Recovery(self.steps, why, before, round_.world_size, seconds, clock.seconds()))
-        log.warning(
-            "gradsync elastic: %d -> %d workers at step %d in %.2fs: %s (%s)",
-            before,
-            round_.world_size,
-            self.steps,
-            seconds,
-            clock.describe(),
-            why,
-        )
+        return round_
 
     def failed_recovery(self) -> str:
         """Where the last recovery failed, and the seconds each phase took until then: ``"in its group, after
@@ -271,7 +280,8 @@ RECOVERABLE: tuple[type[BaseException], ...] = (MembershipChanged, CollectiveErr
 def run(train: Callable[..., T]) -> Callable[..., T | None]:
     """Decorate the training function ``train(state, ...)``: it runs until it returns, and is called again from
     the committed position after every membership change. It returns None, without training, on a worker the job
-    did not need: one (re)started, or cut off, after the others finished (``state.job.finished_without_me``).
+    did not need: one (re)started, cut off or stalled in a step, after the others finished
+    (``state.job.finished_without_me``).
 
     Example::
 
@@ -308,6 +318,9 @@ def run(train: Callable[..., T]) -> Callable[..., T | None]:
                 return result
             except RECOVERABLE as exc:
                 failure = exc
+            except JobFinished as done:  # the job finished while this worker was stalled in a step
+                state.job.finish_without_me(done)
+                return None
 
     return wrapper
 
@@ -316,6 +329,9 @@ def _recover(state: State, failure: BaseException) -> bool:
     """Form a new round; again if another member is lost during the recovery itself. False: this worker was left
     out, and the others finished before it could join again."""
     while True:
+        if (finished := state.job.finished_while_stalled()) is not None:  # its store may have closed with the job
+            state.job.finish_without_me(finished)
+            return False
         state.count_recovery(failure)
         try:
             state.recover(failure)

@@ -1,7 +1,9 @@
 """What a deciding round leader knows of the members it wants beyond its own heartbeat reads: the verdicts others
 posted in the store. A member is *gone* when its launcher reported its exit (``exited/<member>``) or its watcher
 declared it lost at the heartbeat timeout (``lost/<member>``); it is *suspected* when its watcher saw its heartbeat
-stand still for ``SUSPECT_BEATS`` beats (``suspected/<member>``, :class:`Suspicions`).
+stand still for ``SUSPECT_BEATS`` beats (``suspected/<member>``, :class:`Suspicions`); it is *stalled* when its own
+heartbeat thread saw its training thread outside every collective for longer than the collective timeout
+(``stalled/<member>``, :class:`Stall`): a step stuck in user code, which the leader need not wait for.
 
 A suspicion posted by the watcher is what lets a host lost whole (no launcher left to report the exit) cost the
 watcher's three still beats, counted since the member's last beat, not three more beats counted from the moment the
@@ -26,6 +28,7 @@ Example::
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Collection
 from typing import TYPE_CHECKING
 
@@ -34,6 +37,7 @@ import torch.distributed as dist
 from gradsync.elastic import keys, tickets
 
 if TYPE_CHECKING:
+    from gradsync.collectives.activity import CollectiveActivity
     from gradsync.elastic.liveness import Liveness
 
 
@@ -75,6 +79,7 @@ class Verdicts:
     def __init__(self, store: dist.Store, wanted: list[int], since: int | None) -> None:
         self._store, self._wanted = store, wanted
         self.gone: set[int] = set()
+        self.stalled: dict[int, str] = {}  # member: why its training thread is stalled, as it said
         self._suspicions: dict[int, str] = {}  # member: the mark its watcher posted, holding when it was read
         if since is None:
             self.count = self.counter()  # first: a verdict posted from here on moves it
@@ -101,19 +106,23 @@ class Verdicts:
         return True
 
     def read_all(self) -> None:
-        """Every mark of every member wanted: three keys each."""
+        """Every mark of every member wanted: four keys each."""
         self._read(self._wanted)
 
     def _read(self, members: list[int]) -> None:
-        """The marks of ``members`` as they are now: an exit, a loss or a suspicion that holds."""
+        """The marks of ``members`` as they are now: an exit, a loss, a suspicion that holds, a stall."""
         store = self._store
         for member in members:
             self.gone.discard(member)
             self._suspicions.pop(member, None)
+            self.stalled.pop(member, None)
             if store.check([keys.exited(member)]) or holding(store, keys.lost(member), member) is not None:
                 self.gone.add(member)
-            elif (mark := holding(store, keys.suspected(member), member)) is not None:
+                continue
+            if (mark := holding(store, keys.suspected(member), member)) is not None:
                 self._suspicions[member] = mark
+            if store.check([keys.stalled(member)]):
+                self.stalled[member] = store.get(keys.stalled(member)).decode()
 
     def suspected(self, member: int, count: int) -> bool:
         """Whether ``member``'s watcher posted a suspicion that still holds with its heartbeat read at ``count``
@@ -145,3 +154,35 @@ class Suspicions:
                 self._posted[member] = count
                 why = f"its watcher, worker {self._liveness.me}, saw its heartbeat stand still for {still:.1f}s"
                 post(store, keys.suspected(member), lost_mark(count, why), member)
+
+
+class Stall:
+    """This worker's own verdict, from its heartbeat thread each beat: its training thread has been outside every
+    collective for longer than the collective timeout (:mod:`gradsync.collectives.activity`), so no peer can still be
+    inside one with it: it is stuck in a step (user code, a data loader, a file system) while its heartbeat beats.
+    Posted once (``stalled/<me>``, with a ticket, as every verdict), so that a round's leader does not wait for it
+    to register; deleted, with a ticket again, once it touches a collective.
+
+    While it stands, the beat also looks whether the job finished (``done``): a TCPStore closes with the job, and the
+    training thread, when it wakes, could not tell a finished job from a lost store. ``job_finished`` is how it can."""
+
+    def __init__(self, me: int, activity: CollectiveActivity, seconds: float) -> None:
+        self._me = me
+        self._activity = activity
+        self._seconds = seconds
+        self._posted = False
+        self.job_finished = threading.Event()
+
+    def look(self, store: dist.Store) -> None:
+        outside = self._activity.outside_for()
+        stalled = outside is not None and outside > self._seconds
+        if stalled and not self._posted:
+            why = f"its training thread had been outside every collective for {outside:.1f}s"
+            post(store, keys.stalled(self._me), why, self._me)
+            self._posted = True
+        elif self._posted and not stalled:
+            store.delete_key(keys.stalled(self._me))
+            tickets.take(store, keys.VERDICTS, keys.verdict, self._me)  # leaders read it again: not stalled now
+            self._posted = False
+        if stalled and store.check([keys.DONE]):
+            self.job_finished.set()

@@ -242,6 +242,8 @@ class Job:
                 self.health.failed(exc, since=began)
 
     def report_exit(self, worker: Worker) -> None:
+        if self.done:  # no member waits for anyone now, and the store may have closed with the job
+            return
         began = time.monotonic()
         try:
             report_exit(self.store, worker.name)
@@ -277,6 +279,11 @@ def _poll(worker: Worker, cmd: str, cmd_args: tuple, env: dict[str, str], args: 
     worker.context.close()
     if code == 0 or job.done or job.lost or job.state_lost or worker.restarts >= args.max_restarts:
         worker.done = True
+        if code != 0 and job.done:
+            log.warning(
+                f"gradsync run --elastic: local worker {worker.local_rank} exited with {code} after the job "
+                "finished: the job succeeded, and nothing is lost"
+            )
         return
     worker.restarts += 1
     log.warning(

@@ -9,6 +9,7 @@ mid-epoch).
 
 import json
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -47,6 +48,10 @@ if os.environ.get("EXIT_BEFORE_FORMING") == os.environ.get("GRADSYNC_HOST"):
 
     formation.arrive = exit_before_arriving
 
+# The lab's "stuck" fault (SIGUSR2, lab/elastic.py's stick): the training thread sleeps for the seconds in
+# <pid>.stuck inside its step while its heartbeat thread goes on beating (user code, a data loader or a file system
+# hung).
+signal.signal(signal.SIGUSR2, lambda *_: time.sleep(float((out / f"{pid}.stuck").read_text())))
 job = elastic.init(timeout=float(os.environ.get("ELASTIC_TIMEOUT", "5")))
 torch.manual_seed(0)
 model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1))
