@@ -88,6 +88,8 @@ python -m bench.elastic.recovery --runs 3 --etcd link
 python -m bench.elastic.recovery --runs 3 --during-regroup
 python -m bench.elastic.recovery --runs 3 --during-regroup --gate-off
 python -m bench.elastic.recovery --runs 3 --stuck
+python -m bench.elastic.recovery --runs 3 --paused-host
+python -m bench.elastic.recovery --runs 3 --straggler
 python -m bench.elastic.overhead --ranks 3 8 16 --runs 3
 python -m bench.elastic.overhead --ranks 3 8 --runs 3 --store etcd
 # Under chaos (docs/elastic.md): the 8-host soak, and recovery against the number of ranks.

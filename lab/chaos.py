@@ -8,7 +8,12 @@ design; with ``etcd=True`` the job's store is an etcd cluster of a member on eac
 - ``sigkill``: a worker SIGKILLed (its launcher restarts it, and it rejoins);
 - ``pair``: two workers on two hosts SIGKILLed ``PAIR_GAP_S`` apart (the second inside the first's regroup);
 - ``host``: a host's launcher and worker SIGKILLed together, a fresh launcher started there ``HOST_DOWN_S`` later;
-- ``sigstop``: a worker stopped past the heartbeat timeout, then continued (it finds itself left out and rejoins);
+- ``sigstop``: a worker stopped past the heartbeat timeout, then continued (it finds itself left out and rejoins;
+  its launcher, which sees it stopped, kills it first after 0.2 s: a shortcut, which ``paused`` does not take);
+- ``paused``: a host paused whole, its launcher and worker stopped together past the heartbeat timeout, then
+  continued, as a frozen VM is (no launcher sees a stopped worker: back in-process);
+- ``stuck``: a worker's training thread asleep inside a step past the timeout, its heartbeat beating on (user code,
+  a data loader or a file system hung: it says it stalled, is left out, and rejoins when it wakes);
 - ``link``: a host's link down past the heartbeat timeout, then up (its worker rejoins the majority);
 - ``split``: two hosts cut off together from the rest past the heartbeat timeout, reaching each other but not the
   store (a split brain: the minority must commit nothing of its own), then healed;
@@ -36,9 +41,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from lab import etcd_cluster, netlab
-from lab.elastic import SAMPLES, events_of, finals, inject, kill_all, launch, launch_on, pid_of
+from lab.elastic import SAMPLES, events_of, finals, inject, kill_all, launch, launch_on, pause_host, pid_of, stick
 
-KINDS = ("sigkill", "pair", "host", "sigstop", "link", "split", "loss", "etcd")
+KINDS = ("sigkill", "pair", "host", "sigstop", "paused", "stuck", "link", "split", "loss", "etcd")
 MEMBERS = 3  # with etcd: a member on each of h0..h2
 OUT_OF_REACH = ("host", "link", "split", "etcd")  # kinds that take a host's etcd member out for a while
 RATE = "1gbit"  # every host's link
@@ -48,7 +53,7 @@ HOST_DOWN_S = 2.0
 STEP_SLEEP_S = 0.05
 TIMEOUT_S = 5.0  # the job's heartbeat (and collective) timeout
 SILENT_S = TIMEOUT_S + 2.0  # how long a stopped worker, a downed link or a partition stays so
-SILENT_KINDS = ("sigstop", "link", "split")
+SILENT_KINDS = ("sigstop", "paused", "stuck", "link", "split")
 REJOIN_S = 20.0  # a victim's worker started again, importing torch and admitted, on a loaded machine (~3-10 s)
 STALLED_S = 90.0  # no committed step for this long while faults are injected: the run fails
 
@@ -237,6 +242,13 @@ class _Injector:
                 elif kind == "split":
                     with netlab.partition(self.lab, set(chosen)):
                         time.sleep(SILENT_S)
+                elif kind == "paused":
+                    with self.lock:
+                        launcher = self.procs[chosen[0]].pid
+                    pause_host(launcher, pid, SILENT_S)
+                elif kind == "stuck":
+                    stick(self.out, pid, SILENT_S)
+                    time.sleep(SILENT_S)  # the host stays busy while its step is stuck
                 elif kind == "loss":
                     with netlab.lossy(self.lab[chosen[0]], LOSS, RATE):
                         time.sleep(SILENT_S)

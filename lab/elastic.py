@@ -376,6 +376,49 @@ def stuck_steps(tmp_path: Path, epochs: int = 6) -> dict:
             kill_all(procs, out)
 
 
+def pause_host(launcher: int, worker: int, seconds: float) -> None:
+    """A host paused whole (a VM frozen, a host suspended): its launcher and its worker stopped together for
+    ``seconds``, then continued. The launcher is stopped first and continued last, so that it never sees its worker
+    stopped alone (it would kill it: gradsync/launch/stopped.py), as on a real frozen host."""
+    os.kill(launcher, signal.SIGSTOP)
+    os.kill(worker, signal.SIGSTOP)
+    time.sleep(seconds)
+    os.kill(worker, signal.SIGCONT)
+    os.kill(launcher, signal.SIGCONT)
+
+
+def host_paused(tmp_path: Path, seconds: float = 8.0) -> dict:
+    """h1 paused whole for ``seconds`` (past the 5 s heartbeat timeout) mid-job, on 3 hosts: the others go on
+    without it, and it comes back in-process (the same worker process) when it resumes."""
+    out = tmp_path / "paused"
+    out.mkdir()
+    with netlab.lab(hosts=HOSTS, rate="1gbit", prefix="gselastic") as lab:
+        procs = launch(lab, out, {"STEP_SLEEP": "0.05", "ELASTIC_TIMEOUT": "5", "EPOCHS": "6"})
+        try:
+            wait_steps(out, 15)
+            victim, survivors, when = pid_of(out, "h1"), [pid_of(out, "h0"), pid_of(out, "h2")], time.time()
+            pause_host(procs[1].pid, victim, seconds)
+            logs = finish(procs)
+            return {"out": out, "fault": (victim, when), "survivors": survivors, "logs": logs}
+        finally:
+            kill_all(procs, out)
+
+
+def straggling(tmp_path: Path) -> dict:
+    """h1's worker 3 x slower than the others all job long (tests/scripts/elastic_train.py's STRAGGLER), on 3 hosts:
+    it must be kept, and named as the one the others wait on (gradsync/elastic/pace.py)."""
+    out = tmp_path / "straggler"
+    out.mkdir()
+    with netlab.lab(hosts=HOSTS, rate="1gbit", prefix="gselastic") as lab:
+        procs = launch(lab, out, {"STEP_SLEEP": "0.05", "ELASTIC_TIMEOUT": "5", "EPOCHS": "5", "STRAGGLER": "h1"})
+        try:
+            wait_steps(out, 1)
+            slow = pid_of(out, "h1")
+            return {"out": out, "slow": slow, "logs": finish(procs)}
+        finally:
+            kill_all(procs, out)
+
+
 def wait_after(out: Path, when: float, pids: list[int], timeout: float = 30) -> None:
     deadline = time.monotonic() + timeout
     while not any(e["t"] > when and e["pid"] in pids for e in events_of(out)):

@@ -29,12 +29,14 @@ from lab.elastic import (  # noqa: E402
     fault_during_regroup,
     finals,
     first_step_after,
+    host_paused,
     launch_on_loopback,
     paused,
     pid_of,
     recoveries,
     scenario,
     store_host_lost,
+    straggling,
     stuck_steps,
     unrecorded_shares,
 )
@@ -236,6 +238,42 @@ def test_a_step_stuck_with_its_heartbeat_alive_costs_one_timeout_and_never_a_fai
     ended = finals(out)
     assert len(ended) == HOSTS - 1  # h2's worker, finished without, reports nothing
     assert len({round(f["checksum"], 6) for f in ended}) == 1
+
+
+@needs_lab
+@pytest.mark.lab
+@pytest.mark.timeout(420)
+def test_a_host_paused_whole_past_the_timeout_comes_back_in_process(tmp_path: Path) -> None:
+    """Issue 59's paused host: its launcher and worker stopped together for 8 s (timeout 5 s), as a frozen VM is,
+    so no launcher sees a stopped worker and kills it (the lab's sigstop fault measures that shortcut). The others
+    go on after the collective timeout; the same worker process trains again when the host resumes."""
+    run = host_paused(tmp_path)
+    out, (victim, when), logs = run["out"], run["fault"], run["logs"]
+    said = recoveries(logs)
+    assert paused(out, when, run["survivors"], world=2) < 5.0 + 1.5, said
+    # In-process: the same pid trains on in a round of 3 (past the step it was paused in, which it may commit).
+    back = sorted((e["t"], e["step"]) for e in events_of(out) if e["pid"] == victim and e["t"] > when + 7.5)
+    assert len(back) >= 2 and back[1][1] > back[0][1] + 1, (back[:3], said)
+    assert not any("restarting it" in log for log in logs), said
+    check_exactly_once(out, epochs=6)
+    ended = finals(out)
+    assert len(ended) == HOSTS and len({round(f["checksum"], 6) for f in ended}) == 1
+
+
+@needs_lab
+@pytest.mark.lab
+@pytest.mark.timeout(420)
+def test_a_straggler_is_kept_and_named(tmp_path: Path) -> None:
+    """Issue 59's straggler: one worker 3 x slower than the others all job long. No round forms (it is never
+    evicted), and the round's rank 0 names it, once, as the member the others wait on."""
+    run = straggling(tmp_path)
+    out, logs = run["out"], run["logs"]
+    ended = finals(out)
+    assert len(ended) == HOSTS and not any(f["recoveries"] for f in ended), recoveries(logs)
+    rank = next(e["rank"] for e in events_of(out) if e["pid"] == run["slow"])
+    named = [line for log in logs for line in log.splitlines() if "sets the job's pace" in line]
+    assert len(named) == 1 and f"(rank {rank}) sets the job's pace" in named[0], named
+    check_exactly_once(out, epochs=5)
 
 
 @needs_lab

@@ -25,11 +25,24 @@ timeout 5 s, then h2's for 15 s as the job ends), with whether the round's leade
 stalled (gradsync/elastic/verdicts.py's Stall), and whether any launcher reported a failure:
 
     python -m bench.elastic.recovery --runs 3 --stuck
+
+A host paused whole (lab/elastic.py's ``host_paused``: h1's launcher and worker stopped together for 8 s, timeout
+5 s, as a frozen VM is; the launcher never sees its worker stopped alone, so no shortcut kills it), with whether the
+same worker process trained again in a round of 3 (back in-process):
+
+    python -m bench.elastic.recovery --runs 3 --paused-host
+
+A straggler (lab/elastic.py's ``straggling``: h1's worker 3 x slower than the others all job long): how many rounds
+formed (none: it is kept), and the shares of time outside collectives that the round's rank 0 reported for it and
+for the others (gradsync/elastic/pace.py):
+
+    python -m bench.elastic.recovery --runs 3 --straggler
 """
 
 from __future__ import annotations
 
 import argparse
+import re
 import statistics
 import sys
 import tempfile
@@ -45,10 +58,13 @@ from lab.elastic import (
     check_exactly_once,
     events_of,
     fault_during_regroup,
+    finals,
     first_step_after,
+    host_paused,
     paused,
     recoveries,
     scenario,
+    straggling,
     stuck_steps,
 )
 
@@ -122,6 +138,32 @@ def measure_stuck(tmp: Path) -> dict[str, float]:
     }
 
 
+def measure_paused_host(tmp: Path) -> dict[str, float]:
+    run = host_paused(tmp)
+    out, (victim, when) = run["out"], run["fault"]
+    check_exactly_once(out, epochs=6)
+    # Its first step after it resumes is the one it was in, committed if its all-reduce had completed; then it rejoins.
+    back = sorted(e["t"] for e in events_of(out) if e["pid"] == victim and e["t"] > when + 8.0)
+    return {
+        "survivors paused s": paused(out, when, run["survivors"], HOSTS - 1),
+        "h1 back in-process s": back[1] - when if len(back) > 1 else float("nan"),
+        "h1 restarted": float(any("restarting it" in log for log in run["logs"])),
+    }
+
+
+def measure_straggler(tmp: Path) -> dict[str, float]:
+    run = straggling(tmp)
+    check_exactly_once(run["out"], epochs=5)
+    said = [line for log in run["logs"] for line in log.splitlines() if "sets the job's pace" in line]
+    shares = [float(x) for x in re.findall(r"(\d+)% ", said[0])] if said else [float("nan")] * 2
+    return {
+        "rounds formed": float(sum(len(f["recoveries"]) for f in finals(run["out"]))),
+        "reported": float(len(said)),
+        "its share outside %": shares[0],
+        "the others' share %": shares[1],
+    }
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.elastic.recovery", description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=3)
@@ -141,12 +183,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--during-regroup", action="store_true", help="a second fault inside the regroup window")
     parser.add_argument("--gate-off", action="store_true", help="with --during-regroup: no formation gate (before)")
     parser.add_argument("--stuck", action="store_true", help="steps stuck with their heartbeats alive")
+    parser.add_argument("--paused-host", action="store_true", help="a host's launcher and worker paused together")
+    parser.add_argument("--straggler", action="store_true", help="one worker 3 x slower than the others")
     args = parser.parse_args(argv)
     if netlab.available() is not None:
         print(f"skipped: {netlab.available()}")
         return 1
     tmp = lambda: Path(tempfile.mkdtemp(prefix="gselastic"))  # noqa: E731
-    if args.stuck:
+    if args.straggler:
+        rows = [measure_straggler(tmp()) for _ in range(args.runs)]
+    elif args.paused_host:
+        rows = [measure_paused_host(tmp()) for _ in range(args.runs)]
+    elif args.stuck:
         rows = [measure_stuck(tmp()) for _ in range(args.runs)]
     elif args.during_regroup:
         rows = [measure_during_regroup(tmp(), not args.gate_off) for _ in range(args.runs)]

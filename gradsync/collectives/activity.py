@@ -5,7 +5,8 @@ A member whose heartbeat beats but whose training thread hangs outside any colle
 a file system stuck inside a step) looks alive; the others fail their collective at its timeout, and the round's
 leader would then wait another timeout for it to register, as for a member still inside a collective that has yet
 to fail. Outside every collective for longer than that timeout, no peer could have been waiting on it without
-failing already: it is stalled, and the leader need not wait (gradsync/elastic/rounds.py).
+failing already: it is stalled, and the leader need not wait (gradsync/elastic/rounds.py). The share of its time a
+member spends outside collectives also tells which member the others wait on: a straggler (gradsync/elastic/pace.py).
 
 Torch's process groups call nothing when a collective starts, so gradsync's :class:`~.communicator.Communicator`
 marks its own. The record is the process's (:func:`of_this_process`), not a communicator's: the model's, the
@@ -18,6 +19,7 @@ Example::
     with activity.inside():          # a collective issued or waited on
         pass
     activity.outside_for()           # seconds since, or None while inside one
+    activity.outside_total()         # seconds outside every collective, in all
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ class CollectiveActivity:
         self._lock = threading.Lock()
         self._inside = 0  # collectives being issued or waited on now
         self._since = time.monotonic()  # when the last one began or ended
+        self._outside_s = 0.0  # seconds spent outside every collective before ``_since``
 
     @contextlib.contextmanager
     def inside(self) -> Iterator[None]:
@@ -48,8 +51,11 @@ class CollectiveActivity:
 
     def enter(self) -> None:
         with self._lock:
+            now = time.monotonic()
+            if not self._inside:
+                self._outside_s += now - self._since
             self._inside += 1
-            self._since = time.monotonic()
+            self._since = now
 
     def leave(self) -> None:
         with self._lock:
@@ -60,6 +66,11 @@ class CollectiveActivity:
         """Seconds since the last collective began or ended; None while one is issued or waited on."""
         with self._lock:
             return None if self._inside else time.monotonic() - self._since
+
+    def outside_total(self) -> float:
+        """Seconds spent outside every collective since this record was made: computing, loading data, or stuck."""
+        with self._lock:
+            return self._outside_s + (0.0 if self._inside else time.monotonic() - self._since)
 
 
 _this_process: list[CollectiveActivity] = []  # made at the first use in an elastic worker

@@ -14,6 +14,8 @@ key                                    meaning                                  
 ``suspected/<member>``                 its heartbeat stood still for 3 beats: count, why     the member watching it
 ``stalled/<member>``                   its training thread is outside every collective past  its own heartbeat
                                        the collective timeout (why); deleted once back       thread
+``pace/<member>``                      the share of its last 10 s spent outside collectives  its own heartbeat
+                                                                                             thread
 ``verdicts``, ``verdicts/<k>``         counter: marks posted; the k-th mark's member        launchers, watchers,
                                                                                              stalled members
 ``joiners/<member>``, ``join_requests``  a worker asks to be admitted; how many asked so far  joiners
@@ -74,6 +76,10 @@ def suspected(member: int) -> str:
 
 def stalled(member: int) -> str:
     return f"{PREFIX}stalled/{member}"
+
+
+def pace(member: int) -> str:
+    return f"{PREFIX}pace/{member}"
 
 
 def verdict(ticket: int) -> str:

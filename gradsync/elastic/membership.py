@@ -26,6 +26,7 @@ from gradsync.elastic.admission import Admission
 from gradsync.elastic.errors import JobFinished
 from gradsync.elastic.job_status import MAX_WORLD_VARIABLE, WORKER_VARIABLE, job_done, job_running
 from gradsync.elastic.liveness import Liveness
+from gradsync.elastic.pace import Pace
 from gradsync.elastic.round_group import RoundGroup
 from gradsync.elastic.rounds import Round, Rounds
 from gradsync.elastic.timeouts import Timeouts
@@ -70,6 +71,7 @@ class Membership:
         # The training thread's collectives (None: not watched): a step stalled outside them is posted.
         self._activity = activity
         self._stall = Stall(self.me, activity, timeouts.collective) if activity is not None else None
+        self._pace = Pace(self.me, activity) if activity is not None else None  # a straggler, reported
         self.liveness = Liveness(
             beat_store, self.me, timeouts.heartbeat, on_gone=self._member_gone, on_beat=self._each_beat
         )
@@ -226,13 +228,16 @@ class Membership:
         """From the heartbeat thread, each beat: a round being formed with a member that looks dead is called off,
         a round whose leader looks dead is abandoned, a member of this round that looks dead is posted for the next
         round's leader (:class:`~.verdicts.Suspicions`), the admission announcement is looked for, and this worker's
-        own training thread, stalled in a step, is posted (:class:`~.verdicts.Stall`)."""
+        own training thread, stalled in a step, is posted (:class:`~.verdicts.Stall`), as its pace is
+        (:class:`~.pace.Pace`: rank 0 says which member the others wait on)."""
         self._group.call_off_for_suspects(self.liveness.suspects)
         self._rounds.abandon_if_leader_suspected(store)
         current = self.round
         if current is not None:
             self._suspicions.post_new(store, current.number, current.members)
         self._look_for_admission(store)
+        if self._pace is not None:
+            self._pace.look(store, current)
         if self._stall is not None:
             self._stall.look(store)
             if self._stall.job_finished.is_set():

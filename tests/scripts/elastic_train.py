@@ -86,15 +86,21 @@ if os.environ.get("HOOK") in ("counting", "bf16"):
 monitor = gradsync.observe.Monitor(ddp, opt) if os.environ.get("MONITOR") else None
 
 
+# STRAGGLER=h1: that host's worker sleeps 3 x STEP_SLEEP a step (a slower member, which must be kept).
+STEP_S = float(os.environ.get("STEP_SLEEP", "0")) * (
+    3 if os.environ.get("STRAGGLER") == os.environ.get("GRADSYNC_HOST") else 1
+)
+
+
 def one_step(state, epoch, xb, yb):
     state.optimizer.zero_grad()
     # SLEEP_AT=forward: the step's time is spent before backward, so a kill lands there and the survivors
     # learn of it from a failed all-reduce; by default after it.
     before_backward = os.environ.get("SLEEP_AT") == "forward"
     loss = nn.functional.mse_loss(state.model(xb), yb)
-    time.sleep(float(os.environ.get("STEP_SLEEP", "0")) if before_backward else 0)
+    time.sleep(STEP_S if before_backward else 0)
     loss.backward()
-    time.sleep(0 if before_backward else float(os.environ.get("STEP_SLEEP", "0")))
+    time.sleep(0 if before_backward else STEP_S)
     indices, before, position = list(state.loader.last_indices), state.steps, state.loader.position
     rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
     try:
