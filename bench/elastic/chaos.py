@@ -76,7 +76,9 @@ def pauses(times: list[float], faults: list[chaos.Fault]) -> list[float]:
     return found
 
 
-PARTITIONS = ("link", "split")  # a cut-off member is found by its heartbeat alone: the bound is its timeout
+# A member cut off, paused whole or stuck in a step holds its peers inside their collective until its timeout (gloo
+# cannot abort one): the bound for these, and for the faults that land within their reach, is that timeout.
+PARTITIONS = ("link", "split", "paused", "stuck")
 PARTITION_REACH_S = chaos.SILENT_S + chaos.TIMEOUT_S  # cut, found lost, healed and admitted again
 REGROUP_S = 1.0  # a kill this long before a fault may still be regrouping as it lands
 
