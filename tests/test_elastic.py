@@ -309,7 +309,8 @@ def test_a_member_watched_again_gets_a_fresh_timeout_but_an_exit_stays_final() -
     import torch.distributed as dist
 
     from gradsync.elastic import keys
-    from gradsync.elastic.liveness import HEARTBEAT_S, Liveness, mark_exited
+    from gradsync.elastic.liveness import HEARTBEAT_S, Liveness
+    from gradsync.elastic.verdicts import mark_exited
 
     store = dist.HashStore()
     store.add(keys.beat(2), 1)

@@ -15,9 +15,9 @@ import pytest
 import torch.distributed as dist
 
 from gradsync.elastic import keys
-from gradsync.elastic.liveness import mark_exited
 from gradsync.elastic.membership import Membership
 from gradsync.elastic.timeouts import Timeouts
+from gradsync.elastic.verdicts import mark_exited
 from gradsync.errors import ConfigError
 from gradsync.store.etcd_client import EtcdUnavailable
 from gradsync.store.etcd_store import EtcdStore, parse_endpoints

@@ -95,6 +95,29 @@ def test_the_folders_of_gradsync_import_each_other_without_loops() -> None:
     assert loop is None, f"an import loop between gradsync's folders: {' -> '.join(loop or [])}"
 
 
+def _elastic_imports(path: Path) -> Iterator[str]:
+    """The modules of gradsync/elastic that ``path`` imports (``from gradsync.elastic import keys`` names one)."""
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module == "gradsync.elastic":
+            yield from (f"gradsync.elastic.{a.name}" for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("gradsync.elastic."):
+            yield str(node.module)
+
+
+def test_the_elastic_modules_import_each_other_without_loops() -> None:
+    """Issue 59: a newcomer reads elastic/ from the bottom up. Every import counts, ``TYPE_CHECKING`` and
+    function-level ones too (liveness.py and verdicts.py imported each other, one side for its types)."""
+    graph: dict[str, set[str]] = collections.defaultdict(set)
+    for path in sorted((PACKAGE / "elastic").glob("*.py")):
+        me = _module_name(path)
+        if me.endswith("__init__"):
+            continue  # the package's front door re-exports its modules
+        graph[me] |= {t for t in _elastic_imports(path) if t != me}
+    assert "gradsync.elastic.keys" in graph["gradsync.elastic.rounds"], "the scan is not reading elastic/"
+    loop = _cycle(graph)
+    assert loop is None, f"an import loop inside gradsync/elastic: {' -> '.join(loop or [])}"
+
+
 def test_the_cycle_finder_finds_a_loop() -> None:
     assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert _cycle({"a": {"b"}, "b": {"c"}}) is None

@@ -1,6 +1,6 @@
 """Agreeing on a round's members when a fault lands inside the agreement (gradsync/elastic/rounds.py), in one
 process: workers are Membership objects on one store, each with its own heartbeat thread, and a fault is what a
-launcher writes when its worker exits (liveness.mark_exited)."""
+launcher writes when its worker exits (verdicts.mark_exited)."""
 
 from __future__ import annotations
 
@@ -19,11 +19,10 @@ from gradsync.collectives.activity import CollectiveActivity
 from gradsync.elastic import keys, liveness, verdicts
 from gradsync.elastic.errors import JobStateLost, MembershipChanged
 from gradsync.elastic.job_status import find_state_lost, state_lost
-from gradsync.elastic.liveness import mark_exited
 from gradsync.elastic.membership import Membership
 from gradsync.elastic.rounds import SETTLE_S
 from gradsync.elastic.timeouts import Timeouts
-from gradsync.elastic.verdicts import Verdicts, beat_since, lost_mark
+from gradsync.elastic.verdicts import Verdicts, beat_since, lost_mark, mark_exited
 from gradsync.errors import GradsyncError
 from gradsync.launch.elastic import Job
 from gradsync.polling import wait_until

@@ -19,9 +19,10 @@ from bench.store_load.pattern import beats, steady_pattern, template
 from bench.store_load.recording import Op, RecordingStore
 from gradsync.elastic import keys
 from gradsync.elastic.admission import Admission
-from gradsync.elastic.liveness import BEATS_PER_S, HEARTBEAT_S, Liveness, beat_interval, mark_exited
+from gradsync.elastic.liveness import BEATS_PER_S, HEARTBEAT_S, Liveness, beat_interval
 from gradsync.elastic.membership import Membership
 from gradsync.elastic.timeouts import Timeouts
+from gradsync.elastic.verdicts import mark_exited
 from lab import certs, etcd_cluster
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 
 from bench.store_load.pattern import largest_gap, steady_pattern
 from bench.store_load.recording import Op, RecordingStore
-from gradsync.elastic.liveness import mark_exited
 from gradsync.elastic.membership import Membership
 from gradsync.elastic.timeouts import Timeouts
+from gradsync.elastic.verdicts import mark_exited
 from gradsync.launch.elastic import Job
 from gradsync.store import job_store
 from gradsync.store.etcd_client import EtcdClient

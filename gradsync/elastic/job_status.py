@@ -9,7 +9,7 @@ import json
 import torch.distributed as dist
 
 from gradsync.elastic import keys
-from gradsync.elastic.liveness import mark_exited
+from gradsync.elastic.verdicts import mark_exited
 
 MAX_WORLD_VARIABLE = "GRADSYNC_MAX_WORLD_SIZE"  # --nnodes' maximum x --nproc-per-node, set by `gradsync run --elastic`
 WORKER_VARIABLE = "GRADSYNC_ELASTIC_WORKER"  # this process's id, so that its launcher can report its exit

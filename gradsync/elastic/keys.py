@@ -48,6 +48,7 @@ SEQUENCE = PREFIX + "sequence"
 CURRENT_ROUND = PREFIX + "current_round"
 JOIN_REQUESTS = PREFIX + "join_requests"
 DONE = PREFIX + "done"
+EXITED_BEAT = -1  # beat/<member>'s value once its launcher saw it exit (verdicts.mark_exited)
 FINISHED = PREFIX + "finished"
 STATE_LOST = PREFIX + "state_lost"
 CONNECT_SLOWEST = PREFIX + "connect_slowest"

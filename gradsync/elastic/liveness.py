@@ -6,8 +6,8 @@ etcd one put, where an ``add`` is a read and a transaction (two requests). A mem
 *seen* stand still for ``timeout`` seconds of its own clock is dead (no clock is compared across hosts): the time
 between its last move and the observer's latest reading, so that a spell in which the observer could not read the
 store (an etcd election, its own link down), when the member's beats could not land either, counts against no one. A
-worker that exits is reported at once by its launcher (:func:`mark_exited`: ``exited/<member>``, and -1 in its
-counter, which is all its watcher reads), so a killed process costs no heartbeat timeout.
+worker that exits is reported at once by its launcher (:func:`~.verdicts.mark_exited`: ``exited/<member>``, and -1
+in its counter, which is all its watcher reads), so a killed process costs no heartbeat timeout.
 
 In a round each member watches one other, the next in rank order (a ring), so the store serves O(N) heartbeat
 reads, not O(N^2): the watcher says when its member is gone (``on_gone``), for everyone. A member is watched by more
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch.distributed as dist
 
-from gradsync.elastic import keys, verdicts
+from gradsync.elastic import keys
 from gradsync.store.job_store import StoreHealth
 
 # A member's beat in a round of up to BEATS_PER_S * HEARTBEAT_S members. A host lost whole (its launcher with it, so
@@ -47,15 +47,7 @@ def beat_interval(members: int, timeout: float) -> float:
     return max(HEARTBEAT_S, min(members / BEATS_PER_S, timeout / 5))
 
 
-_EXITED = -1  # the counter recorded for a member its launcher saw exit
-
-
-def mark_exited(store: dist.Store, member: int) -> None:
-    """A launcher saw ``member``'s process exit: for a round's leader, which asks about each candidate once
-    (``exited/<member>``), and for the member watching it, which reads only the counter (the process is gone, so
-    no beat of its own can follow)."""
-    verdicts.post(store, keys.exited(member), "1", member)  # for a deciding leader, at its next look
-    store.set(keys.beat(member), str(_EXITED))
+_EXITED = keys.EXITED_BEAT  # the counter recorded for a member its launcher saw exit
 
 
 @dataclass(frozen=True)

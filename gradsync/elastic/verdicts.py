@@ -41,6 +41,14 @@ if TYPE_CHECKING:
     from gradsync.elastic.liveness import Liveness
 
 
+def mark_exited(store: dist.Store, member: int) -> None:
+    """A launcher saw ``member``'s process exit: for a round's leader, which asks about each candidate once
+    (``exited/<member>``), and for the member watching it, which reads only the counter (the process is gone, so
+    no beat of its own can follow)."""
+    post(store, keys.exited(member), "1", member)  # for a deciding leader, at its next look
+    store.set(keys.beat(member), str(keys.EXITED_BEAT))
+
+
 def lost_mark(count: int, why: str) -> str:
     """A verdict's value (``lost/<member>``, ``suspected/<member>``): the heartbeat count its watcher last saw,
     then why. The count makes the mark expire: a worker cut off for a while (a link down, a split) comes back
