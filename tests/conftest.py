@@ -1,4 +1,5 @@
 import os
+import sys
 
 import pytest
 import torch
@@ -6,6 +7,11 @@ import torch
 # One thread per process: the ranks of a test share this machine's two cores.
 torch.set_num_threads(1)
 os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+# SWITCH_INTERVAL=1e-6: the interpreter switches threads as often as it can (sys.setswitchinterval), here and in the
+# elastic workers the tests launch (tests/scripts/elastic_train.py), so that a field one thread writes and another
+# reads without a lock meets the other thread mid-update. Issue 59's check of elastic's thread boundary.
+if os.environ.get("SWITCH_INTERVAL"):
+    sys.setswitchinterval(float(os.environ["SWITCH_INTERVAL"]))
 
 
 @pytest.fixture

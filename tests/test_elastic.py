@@ -231,7 +231,10 @@ def test_a_step_stuck_with_its_heartbeat_alive_costs_one_timeout_and_never_a_fai
     # It woke, committed its stuck step (every member's all-reduce had completed), and trained on after it rejoined.
     after = sorted((e["t"], e["step"]) for e in events_of(out) if e["pid"] == first and e["t"] > when)
     assert len(after) >= 2 and after[0][0] > when + 7.5 and after[1][1] > after[0][1] + 1, (after[:3], said)
-    assert "the job finished while this worker's training thread was stalled" in logs[2], logs[2][-3000:]
+    # It ends saying the job finished: seen while it was stalled, or, where the others took longer than its 15 s to
+    # finish (a loaded machine), as it asked to join again.
+    ended_as = ("the job finished while this worker's training thread was stalled", "the job finished before this")
+    assert any(said_so in logs[2] for said_so in ended_as), logs[2][-3000:]
     for log in logs:
         assert "restart the job" not in log and "Traceback" not in log, log[-3000:]
     check_exactly_once(out, epochs=6)

@@ -22,6 +22,8 @@ import gradsync
 from gradsync import elastic
 
 out = Path(sys.argv[1])
+if os.environ.get("SWITCH_INTERVAL"):  # tests/conftest.py says why
+    sys.setswitchinterval(float(os.environ["SWITCH_INTERVAL"]))
 pid = os.getpid()
 (out / f"{pid}.pid").write_text(os.environ.get("GRADSYNC_HOST", "?"))
 torch.set_num_threads(1)
