@@ -318,7 +318,7 @@ class Communicator:
     @contextlib.contextmanager
     def _issuing(self, op: Op, index: int, tensor: torch.Tensor | None, what: Description = None) -> Iterator[None]:
         self.sequence += 1
-        with self._named(op, index, what), self._activity.inside() if self._activity else contextlib.nullcontext():
+        with self._named(op, index, what), self._activity.inside() if self._activity else _NOT_WATCHED:
             # The model check carries the settings (GRADSYNC_DEBUG among them): it runs unfingerprinted, so that a
             # rank with debug on meets a rank with debug off in the same collective and both can name the flag.
             if self.check_desync and op is not Op.MODEL_CHECK:
@@ -354,6 +354,9 @@ class Communicator:
         if dist.get_backend(self.group) == "nccl":
             return torch.device("cuda", torch.cuda.current_device())
         return torch.device("cpu")
+
+
+_NOT_WATCHED = contextlib.nullcontext()  # no activity record outside an elastic worker: one reusable no-op
 
 
 def _sum_async_options() -> dist.AllreduceOptions:

@@ -77,6 +77,9 @@ class Liveness:
         self.timeout = timeout
         self._on_gone = on_gone
         self._on_beat = on_beat  # more for this thread to ask the store each beat, on its own connection
+        # Written by both threads (the training thread asks about members, the heartbeat thread reads them): under
+        # the lock, never held across a store operation or a callback.
+        self._lock = threading.Lock()
         self._seen: dict[int, _Seen] = {}
         self._watched: list[int] = []
         self._told: set[int] = set()  # members on_gone was called for
@@ -95,7 +98,9 @@ class Liveness:
             try:
                 beats += 1
                 store.set(keys.beat(self.me), str(beats))
-                for member in list(self._watched):
+                with self._lock:
+                    watched = list(self._watched)
+                for member in watched:
                     self._observe(member, int(store.add(keys.beat(member), 0)))  # 0 if it never beat yet
                     self._tell_if_gone(member)
                 if self._on_beat is not None:
@@ -105,12 +110,19 @@ class Liveness:
                 self.health.failed(exc, since=began)
 
     def _tell_if_gone(self, member: int) -> None:
-        if self._on_gone is not None and member not in self._told and not self.alive(member):
+        if self._on_gone is None or self.alive(member):
+            return
+        with self._lock:
+            first = member not in self._told
             self._told.add(member)
+        if first:
             self._on_gone(member, self.why_dead(member))
 
     def _observe(self, member: int, count: int) -> None:
-        now = time.monotonic()
+        with self._lock:
+            self._observe_locked(member, count, time.monotonic())
+
+    def _observe_locked(self, member: int, count: int, now: float) -> None:
         if count == _EXITED:  # its launcher saw it exit: no need to wait
             self._seen[member] = _Seen(_EXITED, float("-inf"), 0.0)
             return
@@ -126,28 +138,35 @@ class Liveness:
         self.interval = beat_interval(len(members), self.timeout)
         ring = members if self.me in members else [*members, self.me]
         successor = ring[(ring.index(self.me) + 1) % len(ring)]
-        self._watched = [successor] if successor != self.me else []
-        for member in self._watched:
-            self._seen.pop(member, None)
-        self._told.clear()
+        with self._lock:
+            self._watched = [successor] if successor != self.me else []
+            for member in self._watched:
+                self._seen.pop(member, None)
+            self._told.clear()
 
     def alive(self, member: int) -> bool:
         """Whether ``member``'s heartbeat moved within ``timeout``; a member not yet watched is watched from now."""
         if member == self.me:
             return True
-        if member not in self._watched:
-            self._watched.append(member)
-            # Watched again (a joiner asks to be admitted after it was dropped): its timeout starts now. The count
-            # last seen, from before it was dropped, would declare it dead until a heartbeat poll happened to land
-            # here, and every round meanwhile would form without it. An exit its launcher reported stays final.
-            if not self._exited(member):
-                self._seen.pop(member, None)
-                self._told.discard(member)
+        with self._lock:
+            if member not in self._watched:
+                self._watched.append(member)
+                # Watched again (a joiner asks to be admitted after it was dropped): its timeout starts now. The count
+                # last seen, from before it was dropped, would declare it dead until a heartbeat poll happened to land
+                # here, and every round meanwhile would form without it. An exit its launcher reported stays final.
+                last = self._seen.get(member)
+                if last is None or last.count != _EXITED:
+                    self._seen.pop(member, None)
+                    self._told.discard(member)
         return self.still_for(member) <= self.timeout
+
+    def _last(self, member: int) -> _Seen | None:
+        with self._lock:
+            return self._seen.get(member)
 
     def last_count(self, member: int) -> int:
         """``member``'s counter as this worker last read it (0: never read)."""
-        last = self._seen.get(member)
+        last = self._last(member)
         return last.count if last is not None else 0
 
     def suspects(self, members: Collection[int]) -> dict[int, float]:
@@ -155,19 +174,21 @@ class Liveness:
         for how long: a live member's heartbeat thread beats even inside a collective, so these are most likely
         dead, though not yet past the timeout."""
         limit = SUSPECT_BEATS * self.interval
-        still = {m: self.still_for(m) for m in list(self._watched) if m in members}
+        with self._lock:
+            watched = list(self._watched)
+        still = {m: self.still_for(m) for m in watched if m in members}
         return {m: s for m, s in still.items() if s >= limit}
 
     def still_for(self, member: int) -> float:
         """For how long this worker has seen ``member``'s counter stand still (inf: its exit was reported; 0: not
         read yet, or itself)."""
-        last = self._seen.get(member)
+        last = self._last(member)
         if member == self.me or last is None:
             return 0.0
         return float("inf") if last.count == _EXITED else last.observed - last.moved
 
     def _exited(self, member: int) -> bool:
-        last = self._seen.get(member)
+        last = self._last(member)
         return last is not None and last.count == _EXITED
 
     def why_dead(self, member: int) -> str:

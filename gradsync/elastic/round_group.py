@@ -73,7 +73,9 @@ class RoundGroup:
         self._connect_timeout = ConnectTimeout(timeouts.collective)
         self._formed: Round | None = None  # the current round, once its group formed, read by the heartbeat thread
         self._forming: Round | None = None  # the round whose group is being formed, read by the heartbeat thread
-        self._lost_while_forming = False  # the heartbeat thread saw a member of the forming round gone or still
+        # The round the heartbeat thread saw a member of gone or still as it formed: a number, so that a late write
+        # about an earlier round never counts against the one forming now.
+        self._lost_while_forming: int | None = None
         self._excepthook = sys.excepthook  # as the process had it, before any round's group wrapped it
 
     def leave(self, failure: BaseException | None = None) -> None:
@@ -97,7 +99,7 @@ class RoundGroup:
     def form(self, round_: Round) -> None:
         """A fresh default process group for ``round_`` (the previous one, if any, is closed first)."""
         self.leave()
-        self._forming, self._lost_while_forming = round_, False
+        self._forming = round_
         try:
             formation.arrive(self._store, round_, self._timeouts.collective)  # or called off: a member is gone
             self._init_group(round_)
@@ -115,7 +117,7 @@ class RoundGroup:
         try:
             took = self._connect(round_, seconds)
         except MembershipChanged:
-            if not self._lost_while_forming:  # a lost member explains the failure: the bound was not too short
+            if self._lost_while_forming != round_.number:  # a lost member explains the failure, not too short a bound
                 bound.failed()
             raise
         if bound.connected(took):
@@ -163,7 +165,7 @@ class RoundGroup:
         if forming is None:
             return
         for member, still in suspects(forming.members).items():
-            self._lost_while_forming = True
+            self._lost_while_forming = forming.number
             why = f"worker {member}'s heartbeat stood still for {still:.1f}s as the round formed"
             formation.call_off(self._alarm_store, forming.number, why)
             return
@@ -178,7 +180,7 @@ class RoundGroup:
         after 3 beats, would be left out of rounds."""
         forming = self._forming
         if forming is not None and member in forming.members:
-            self._lost_while_forming = True
+            self._lost_while_forming = forming.number
             formation.call_off(self._alarm_store, forming.number, f"worker {member} {why}")
         formed = self._formed
         if formed is not None and member in formed.members:
