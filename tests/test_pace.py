@@ -22,8 +22,9 @@ def test_the_straggler_is_the_member_busy_while_the_others_wait() -> None:
     assert straggler({1: 0.3, 2: 0.99}) == 2 and straggler({1: 0.99}) is None
 
 
+@pytest.mark.parametrize("members", [[1, 2, 3], [1, 2, 3, 4]], ids=["all posted", "a joiner not yet"])
 def test_rank_0_names_the_straggler_once_while_it_lasts(
-    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, members: list[int]
 ) -> None:
     monkeypatch.setattr(pace, "PACE_S", 0.05)
     store = dist.HashStore()
@@ -35,7 +36,7 @@ def test_rank_0_names_the_straggler_once_while_it_lasts(
         for _ in range(3):  # three windows, the straggler the same in each
             time.sleep(0.06)
             for member in (2, 3, 1):  # rank 0 (member 1) last: it reads the others' shares
-                paces[member].look(store, Round(1, [1, 2, 3], member))
+                paces[member].look(store, Round(1, members, member))  # member 4, a joiner, posts nothing yet
     named = [r.getMessage() for r in caplog.records if "sets the job's pace" in r.getMessage()]
     assert len(named) == 1 and "worker 2 (rank 1) sets the job's pace" in named[0], named
     assert float(store.get(keys.pace(2))) > 0.9 and float(store.get(keys.pace(1))) < 0.1

@@ -25,7 +25,9 @@ from gradsync.elastic import keys
 from gradsync.elastic.rounds import Round
 from gradsync.log import log
 
-PACE_S = 10.0  # a window: each member posts its share once a window (N writes and N reads per window in all)
+# A window: each member posts its share once a window, and rank 0 reads them (1 + N requests): the heartbeats make 3 N
+# requests every 0.1 s (docs/scaling.md), 300 N a window.
+PACE_S = 10.0
 BUSY = 0.9  # a straggler spends at least this share of the window outside collectives
 GAP = 0.3  # and the other members' median share is this much lower at least (they wait for it)
 
@@ -65,7 +67,9 @@ class Pace:
             self._judge(store, round_)
 
     def _judge(self, store: dist.Store, round_: Round) -> None:
-        posted = [m for m in round_.members if store.check([keys.pace(m)])]  # a joiner posts after its first window
+        everyone = [keys.pace(m) for m in round_.members]
+        # One request when every member has posted; a joiner posts only after its first window.
+        posted = round_.members if store.check(everyone) else [m for m in round_.members if store.check([keys.pace(m)])]
         busy = {m: float(store.get(keys.pace(m))) for m in posted}
         slow = straggler(busy)
         if slow is not None and slow != self._said:
