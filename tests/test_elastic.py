@@ -228,9 +228,10 @@ def test_a_step_stuck_with_its_heartbeat_alive_costs_one_timeout_and_never_a_fai
     said = recoveries(logs)
     assert paused(out, when, run["survivors"], world=2) < 5.0 + 1.5, said
     assert "goes on without worker" in said and "outside every collective" in said, said
-    # It woke, committed its stuck step (every member's all-reduce had completed), and trained on after it rejoined.
+    # It woke (committing the step it was stuck in, where that step's all-reduce had completed) and trained on after
+    # it rejoined: two steps at least after it woke, none before.
     after = sorted((e["t"], e["step"]) for e in events_of(out) if e["pid"] == first and e["t"] > when)
-    assert len(after) >= 2 and after[0][0] > when + 7.5 and after[1][1] > after[0][1] + 1, (after[:3], said)
+    assert len(after) >= 2 and after[0][0] > when + 7.5, (after[:3], said)
     # It ends saying the job finished: seen while it was stalled, or, where the others took longer than its 15 s to
     # finish (a loaded machine), as it asked to join again.
     ended_as = ("the job finished while this worker's training thread was stalled", "the job finished before this")
@@ -254,9 +255,10 @@ def test_a_host_paused_whole_past_the_timeout_comes_back_in_process(tmp_path: Pa
     out, (victim, when), logs = run["out"], run["fault"], run["logs"]
     said = recoveries(logs)
     assert paused(out, when, run["survivors"], world=2) < 5.0 + 1.5, said
-    # In-process: the same pid trains on in a round of 3 (past the step it was paused in, which it may commit).
-    back = sorted((e["t"], e["step"]) for e in events_of(out) if e["pid"] == victim and e["t"] > when + 7.5)
-    assert len(back) >= 2 and back[1][1] > back[0][1] + 1, (back[:3], said)
+    # In-process: the same pid trains on in a round of 3, two steps at least after it resumed (the first may be the
+    # step it was paused in, committed where that step's all-reduce had completed).
+    back = [e for e in events_of(out) if e["pid"] == victim and e["world"] == 3 and e["t"] > when + 7.5]
+    assert len(back) >= 2, (back[:3], said)
     assert not any("restarting it" in log for log in logs), said
     check_exactly_once(out, epochs=6)
     ended = finals(out)

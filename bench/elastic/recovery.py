@@ -125,7 +125,8 @@ def measure_during_regroup(tmp: Path, gate: bool = True) -> dict[str, float]:
 
 def measure_stuck(tmp: Path) -> dict[str, float]:
     """The survivors' pause after h1's step stuck (5 s of it the collective timeout), when h1 trained again after it
-    woke (its second step after the fault: the first is the stuck step, committed as it wakes), and whether the
+    woke (its second step after the fault: the first is most often the step it was stuck in, committed as it wakes;
+    where that step's all-reduce had not completed, one step late), and whether the
     second stuck step, which wakes after the job finished, ended as such."""
     run = stuck_steps(tmp)
     out, (first, when), logs = run["out"], run["first"], run["logs"]
@@ -142,7 +143,8 @@ def measure_paused_host(tmp: Path) -> dict[str, float]:
     run = host_paused(tmp)
     out, (victim, when) = run["out"], run["fault"]
     check_exactly_once(out, epochs=6)
-    # Its first step after it resumes is the one it was in, committed if its all-reduce had completed; then it rejoins.
+    # Its first step after it resumes is most often the one it was in, committed if its all-reduce had completed (else
+    # this counts one step late); then it rejoins.
     back = sorted(e["t"] for e in events_of(out) if e["pid"] == victim and e["t"] > when + 8.0)
     return {
         "survivors paused s": paused(out, when, run["survivors"], HOSTS - 1),
