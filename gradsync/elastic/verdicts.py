@@ -70,6 +70,13 @@ def post(store: dist.Store, key: str, mark: str, member: int) -> None:
     tickets.take(store, keys.VERDICTS, keys.verdict, member)
 
 
+def withdraw(store: dist.Store, key: str, member: int) -> None:
+    """Delete the verdict at ``key`` on ``member``, then take a ticket as :func:`post` does: a leader reads the
+    member's marks again, and finds this one gone."""
+    store.delete_key(key)
+    tickets.take(store, keys.VERDICTS, keys.verdict, member)
+
+
 def holding(store: dist.Store, key: str, member: int) -> str | None:
     """The mark at ``key``, if it is set and ``member``'s heartbeat has not moved since it was written (a stale
     mark, of a worker that was cut off and is back, holds against no one: :func:`lost_mark`)."""
@@ -189,8 +196,7 @@ class Stall:
             post(store, keys.stalled(self._me), why, self._me)
             self._posted = True
         elif self._posted and not stalled:
-            store.delete_key(keys.stalled(self._me))
-            tickets.take(store, keys.VERDICTS, keys.verdict, self._me)  # leaders read it again: not stalled now
+            withdraw(store, keys.stalled(self._me), self._me)
             self._posted = False
         if stalled and store.check([keys.DONE]):
             self.job_finished.set()
