@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 
 from gradsync.elastic import ElasticLoader
@@ -344,6 +345,21 @@ def inject(fault: str, host, pid: int, seconds: float = 8.0) -> None:
         subprocess.run(["ip", "-n", host.namespace, "link", "set", host.interface, "up"], check=True)
 
 
+@contextlib.contextmanager
+def lab_job(tmp_path: Path, name: str, **variables: str) -> Iterator[tuple[list, list[subprocess.Popen], Path]]:
+    """The lab's job on its 3 hosts (0.05 s steps, timeout 5 s; ``variables``: more of the training script's), its
+    records in ``tmp_path/name``: yields the hosts, the launchers and that folder, and leaves no launcher or worker
+    behind on the way out."""
+    out = tmp_path / name
+    out.mkdir()
+    with netlab.lab(hosts=HOSTS, rate="1gbit", prefix="gselastic") as lab:
+        procs = launch(lab, out, {"STEP_SLEEP": "0.05", "ELASTIC_TIMEOUT": "5", **variables})
+        try:
+            yield lab, procs, out
+        finally:
+            kill_all(procs, out)
+
+
 def stick(out: Path, pid: int, seconds: float) -> None:
     """The worker ``pid``'s training thread sleeps ``seconds`` inside its step, its heartbeat thread beating on
     (tests/scripts/elastic_train.py's SIGUSR2): a step stuck in user code, a data loader or a file system."""
@@ -357,23 +373,17 @@ def stuck_steps(tmp_path: Path, epochs: int = 6) -> dict:
     others go on, and it rejoins when it wakes), then h2's for 15 s near the end (the job finishes without it, and
     it wakes to a finished job: it must end with status 0, its launcher too). Returns the first's time and pid, the
     survivors' pids, the second's pid, and the launchers' output."""
-    out = tmp_path / "stuck"
-    out.mkdir()
     total = epochs * SAMPLES // (4 * HOSTS)  # steps, at 3 ranks of batch 4
-    with netlab.lab(hosts=HOSTS, rate="1gbit", prefix="gselastic") as lab:
-        procs = launch(lab, out, {"STEP_SLEEP": "0.05", "ELASTIC_TIMEOUT": "5", "EPOCHS": str(epochs)})
-        try:
-            wait_steps(out, 15)
-            first, survivors, when = pid_of(out, "h1"), [pid_of(out, "h0"), pid_of(out, "h2")], time.time()
-            stick(out, first, 8.0)
-            wait_after(out, when, [first], timeout=60)  # it woke and rejoined
-            wait_steps(out, total - 25)
-            second = pid_of(out, "h2")
-            stick(out, second, 15.0)
-            logs = finish(procs)
-            return {"out": out, "first": (first, when), "survivors": survivors, "second": second, "logs": logs}
-        finally:
-            kill_all(procs, out)
+    with lab_job(tmp_path, "stuck", EPOCHS=str(epochs)) as (_lab, procs, out):
+        wait_steps(out, 15)
+        first, survivors, when = pid_of(out, "h1"), [pid_of(out, "h0"), pid_of(out, "h2")], time.time()
+        stick(out, first, 8.0)
+        wait_after(out, when, [first], timeout=60)  # it woke and rejoined
+        wait_steps(out, total - 25)
+        second = pid_of(out, "h2")
+        stick(out, second, 15.0)
+        logs = finish(procs)
+        return {"out": out, "first": (first, when), "survivors": survivors, "second": second, "logs": logs}
 
 
 def pause_host(launcher: int, worker: int, seconds: float) -> None:
@@ -390,33 +400,21 @@ def pause_host(launcher: int, worker: int, seconds: float) -> None:
 def host_paused(tmp_path: Path, seconds: float = 8.0) -> dict:
     """h1 paused whole for ``seconds`` (past the 5 s heartbeat timeout) mid-job, on 3 hosts: the others go on
     without it, and it comes back in-process (the same worker process) when it resumes."""
-    out = tmp_path / "paused"
-    out.mkdir()
-    with netlab.lab(hosts=HOSTS, rate="1gbit", prefix="gselastic") as lab:
-        procs = launch(lab, out, {"STEP_SLEEP": "0.05", "ELASTIC_TIMEOUT": "5", "EPOCHS": "6"})
-        try:
-            wait_steps(out, 15)
-            victim, survivors, when = pid_of(out, "h1"), [pid_of(out, "h0"), pid_of(out, "h2")], time.time()
-            pause_host(procs[1].pid, victim, seconds)
-            logs = finish(procs)
-            return {"out": out, "fault": (victim, when), "survivors": survivors, "logs": logs}
-        finally:
-            kill_all(procs, out)
+    with lab_job(tmp_path, "paused", EPOCHS="6") as (_lab, procs, out):
+        wait_steps(out, 15)
+        victim, survivors, when = pid_of(out, "h1"), [pid_of(out, "h0"), pid_of(out, "h2")], time.time()
+        pause_host(procs[1].pid, victim, seconds)
+        logs = finish(procs)
+        return {"out": out, "fault": (victim, when), "survivors": survivors, "logs": logs}
 
 
 def straggling(tmp_path: Path) -> dict:
     """h1's worker 3 x slower than the others all job long (tests/scripts/elastic_train.py's STRAGGLER), on 3 hosts:
     it must be kept, and named as the one the others wait on (gradsync/elastic/pace.py)."""
-    out = tmp_path / "straggler"
-    out.mkdir()
-    with netlab.lab(hosts=HOSTS, rate="1gbit", prefix="gselastic") as lab:
-        procs = launch(lab, out, {"STEP_SLEEP": "0.05", "ELASTIC_TIMEOUT": "5", "EPOCHS": "5", "STRAGGLER": "h1"})
-        try:
-            wait_steps(out, 1)
-            slow = pid_of(out, "h1")
-            return {"out": out, "slow": slow, "logs": finish(procs)}
-        finally:
-            kill_all(procs, out)
+    with lab_job(tmp_path, "straggler", EPOCHS="5", STRAGGLER="h1") as (_lab, procs, out):
+        wait_steps(out, 1)
+        slow = pid_of(out, "h1")
+        return {"out": out, "slow": slow, "logs": finish(procs)}
 
 
 def wait_after(out: Path, when: float, pids: list[int], timeout: float = 30) -> None:
