@@ -79,9 +79,7 @@ def _train(rank: int, world: int, mode: str, regroup: bool) -> dict:
     if regroup:
         _new_group(2)
         ddp.rebuild_for_new_group()
-        shared = Communicator().broadcast_object(Op.ELASTIC_STATE, (ddp.shared_hook_state(), ddp.shared_layout()))
-        ddp.load_shared_hook_state(shared[0])  # as State._sync
-        ddp.load_shared_layout(shared[1])
+        ddp.load_shared_replica(Communicator().broadcast_object(Op.ELASTIC_STATE, ddp.shared_replica()))  # as State
     for x, y in data[STEPS_BEFORE:]:
         step(x, y)
     return {
@@ -108,7 +106,7 @@ def test_a_regroup_keeps_the_comm_hook_and_the_monitor(mode: str) -> None:
         if mode != "diloco":
             buckets = result["calls_per_step"][STEPS_BEFORE - 1]  # the last step before the regroup
             assert buckets >= 3, result["calls_per_step"]  # several buckets, not one
-            # The new group's reducer starts from rank 0's rebuilt buckets (shared_layout): no step of one bucket.
+            # The new group's reducer starts from rank 0's rebuilt buckets (shared_replica): no step of one bucket.
             assert result["calls_per_step"][STEPS_BEFORE:] == [buckets] * STEPS_AFTER, f"{mode}: {result}"
     for a, b in zip(ours[0]["params"], ours[1]["params"]):  # the members agree after the regroup
         torch.testing.assert_close(a, b, rtol=0, atol=0)
@@ -145,10 +143,10 @@ def _late_plan(rank: int, world: int) -> str:
     ddp = gradsync.DistributedDataParallel(nn.Sequential(nn.Linear(8, 16), nn.Linear(16, 4)), bucket_cap_mb=0.0002)
     for _ in range(2):
         ddp(torch.randn(4, 8)).sum().backward()
-    plan = ddp.shared_layout()
-    assert plan is not None and sorted(plan[0]) == [0, 1, 2, 3]
+    shared = ddp.shared_replica()
+    assert shared.layout is not None and sorted(shared.layout[0]) == [0, 1, 2, 3]
     try:
-        ddp.load_shared_layout(plan)
+        ddp.load_shared_replica(shared)
     except ConfigError as exc:
         return str(exc)
     return "taken"

@@ -1,4 +1,4 @@
-"""The gate before a round's group forms (gradsync/elastic/formation.py): a member known gone calls the round off
+"""The gate before a round's group forms (gradsync/elastic/round_group.py): a member known gone calls the round off
 at once, instead of every survivor waiting out the group's timeout inside init_process_group."""
 
 from __future__ import annotations
@@ -12,11 +12,10 @@ import torch
 import torch.distributed as dist
 
 from gradsync import torch_private
-from gradsync.elastic import formation, keys
-from gradsync.elastic.connect_timeout import FLOOR_S, MARGIN, ConnectTimeout
+from gradsync.elastic import keys, round_group
 from gradsync.elastic.errors import MembershipChanged
 from gradsync.elastic.liveness import SUSPECT_BEATS, Liveness
-from gradsync.elastic.round_group import RoundGroup
+from gradsync.elastic.round_group import FLOOR_S, MARGIN, ConnectTimeout, RoundGroup
 from gradsync.elastic.rounds import Round
 from gradsync.elastic.timeouts import Timeouts
 
@@ -25,7 +24,7 @@ def _arrive_in_thread(store: dist.Store, round_: Round, seconds: float, outcome:
     def run() -> None:
         began = time.monotonic()
         try:
-            formation.arrive(store, round_, seconds)
+            round_group.arrive(store, round_, seconds)
             outcome[round_.me] = ("open", time.monotonic() - began)
         except MembershipChanged as exc:
             outcome[round_.me] = (str(exc), time.monotonic() - began)
@@ -50,13 +49,13 @@ def test_a_member_seen_gone_calls_the_round_off_at_once() -> None:
     round_ = Round(3, [1, 2, 3], 1)  # member 3 never arrives
     threads = [_arrive_in_thread(store, Round(3, [1, 2, 3], me), 10.0, outcome) for me in (1, 2)]
     time.sleep(0.2)
-    formation.call_off(store, round_.number, "worker 3 exited (its launcher saw it)")
+    round_group.call_off(store, round_.number, "worker 3 exited (its launcher saw it)")
     for t in threads:
         t.join(15)
     for why, seconds in outcome.values():
         assert why == "gradsync: round 3's group was called off: worker 3 exited (its launcher saw it)"
         assert seconds < 2.0  # not the 10 s timeout
-    formation.call_off(store, round_.number, "too late")  # a second verdict changes nothing
+    round_group.call_off(store, round_.number, "too late")  # a second verdict changes nothing
     assert store.get("gradsync/elastic/round3/gate") == b"worker 3 exited (its launcher saw it)"
 
 

@@ -18,10 +18,10 @@ import torch.distributed as dist
 from bench.store_load.pattern import beats, steady_pattern, template
 from bench.store_load.recording import Op, RecordingStore
 from gradsync.elastic import keys
-from gradsync.elastic.admission import Admission
 from gradsync.elastic.liveness import BEATS_PER_S, HEARTBEAT_S, Liveness, beat_interval
 from gradsync.elastic.membership import Membership
 from gradsync.elastic.timeouts import Timeouts
+from gradsync.elastic.training_view import Admission
 from gradsync.elastic.verdicts import mark_exited
 from lab import certs, etcd_cluster
 

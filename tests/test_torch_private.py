@@ -217,7 +217,7 @@ def _outlive_the_formed_timeout(rank: int, world_size: int) -> float:
 
 @pytest.mark.timeout(60)
 def test_a_timeout_set_after_forming_is_the_one_gloo_collectives_keep() -> None:
-    """gradsync/elastic/connect_timeout.py forms a round's group with a short timeout, then sets the collective one:
+    """gradsync/elastic/round_group.py forms a round's group with a short timeout, then sets the collective one:
     a collective that outlives the first must still complete (torch 2.9 to 2.12's gloo kept the first:
     pytorch/pytorch#167052). Without the set, rank 0's second all-reduce fails after 1 s."""
     if not torch_private.group_timeout_settable():

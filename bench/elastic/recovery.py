@@ -15,7 +15,7 @@ With the job's store on etcd, h0 (the host that started the job) lost whole, or 
     python -m bench.elastic.recovery --runs 3 --etcd link
 
 A second fault inside the regroup window (h1 SIGKILLed, h2 exiting as it reaches the next round's formation gate),
-with whether the gate called the round off (gradsync/elastic/formation.py):
+with whether the gate called the round off (gradsync/elastic/round_group.py):
 
     python -m bench.elastic.recovery --runs 3 --during-regroup
     python -m bench.elastic.recovery --runs 3 --during-regroup --gate-off    # before the gate, for comparison

@@ -47,7 +47,7 @@ from gradsync.ddp.mixed_precision import (
     mark_parameters_as_torch_does,
     refuse_with_mixed_precision,
 )
-from gradsync.ddp.replicas import broadcast_initial_state, verify_same_model
+from gradsync.ddp.replicas import SharedReplica, broadcast_initial_state, verify_same_model
 from gradsync.errors import CollectiveError, ConfigError
 from gradsync.log import log
 from gradsync.observe.recorder import Recorder
@@ -269,7 +269,7 @@ class DistributedDataParallel(nn.Module, Joinable):
         if self._delayed is not None:
             self._delayed.close()
         self._build_runtime()
-        self._plan_before_regroup = plan  # what shared_layout() sends if this worker is the new round's rank 0
+        self._plan_before_regroup = plan  # what shared_replica() sends if this worker is the new round's rank 0
         verify_same_model(self._comm, self.module, self._config.ignored, self._collective_settings())
         broadcast_initial_state(self._comm, self.module, True, self._config.ignored)
         self._construction_failure = None  # these collectives, which it kept, succeeded on the new group
@@ -281,27 +281,19 @@ class DistributedDataParallel(nn.Module, Joinable):
         if recorder is not None:  # a Monitor keeps recording across the change
             self.attach_recorder(recorder)
 
-    def shared_hook_state(self) -> dict[str, Any] | None:
-        """What every member must hold alike of the registered comm hook's state (PowerSGD's iteration and
-        generator, DiLoCo's anchor and outer optimizer, ...), for gradsync.elastic to send rank 0's to the members
-        of a new round; None without a hook or when it keeps nothing of the kind (:mod:`gradsync.comm.regroup`)."""
-        return None if self._hook is None else regroup.shared_state(*self._hook)
+    def shared_replica(self) -> SharedReplica:
+        """What every member of a new elastic round must hold alike besides parameters and buffers (the comm hook's
+        shared state; the rebuilt buckets, after :meth:`rebuild_for_new_group` the previous reducer's), for
+        gradsync.elastic to send rank 0's with the rest of its state (:meth:`load_shared_replica`)."""
+        hook = None if self._hook is None else regroup.shared_state(*self._hook)
+        return SharedReplica(hook, self.reducer.bucket_plan() or self._plan_before_regroup)
 
-    def load_shared_hook_state(self, shared: dict[str, Any] | None) -> None:
-        """Take rank 0's :meth:`shared_hook_state` (every member of a new elastic round does)."""
+    def load_shared_replica(self, shared: SharedReplica) -> None:
+        """Take rank 0's :meth:`shared_replica` before the new round's first forward (every member of the round
+        does): the hook's shared state, and the buckets its reducer starts with."""
         if self._hook is not None:
-            regroup.load_shared_state(*self._hook, shared)
-
-    def shared_layout(self) -> tuple[list[int], list[int]] | None:
-        """The rebuilt buckets' parameter order and caps (None until rebuilt; after :meth:`rebuild_for_new_group`,
-        the previous reducer's), for gradsync.elastic to send rank 0's to the members of a new round with the rest
-        of its state (:meth:`load_shared_layout`)."""
-        return self.reducer.bucket_plan() or self._plan_before_regroup
-
-    def load_shared_layout(self, plan: tuple[list[int], list[int]] | None) -> None:
-        """Take rank 0's :meth:`shared_layout` before the new round's first forward: its reducer starts with those
-        buckets instead of learning them again in an iteration of one bucket (every member of the round does)."""
-        self.reducer.start_from(plan)
+            regroup.load_shared_state(*self._hook, shared.hook)
+        self.reducer.start_from(shared.layout)
 
     def __getstate__(self) -> dict[str, Any]:
         if self._process_group is not None:

@@ -13,6 +13,7 @@ the members of a data-parallel group hold the same shard of it (torch's DDP broa
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
@@ -23,6 +24,16 @@ from gradsync.errors import ModelMismatchError
 from gradsync.reducer.local_params import is_dtensor, local_of
 
 Signature = tuple[str, str, tuple[int, ...], str, str, bool]
+
+
+class SharedReplica(NamedTuple):
+    """What the members of a new elastic round must hold alike besides parameters and buffers, rank 0's sent to all
+    (``DistributedDataParallel.shared_replica``): the comm hook's shared state (PowerSGD's generator, DiLoCo's
+    anchor...: :mod:`gradsync.comm.regroup`), and the rebuilt buckets' parameter order and caps, so that the new
+    round's reducer need not learn them again in an iteration of one bucket."""
+
+    hook: dict[str, Any] | None
+    layout: tuple[list[int], list[int]] | None
 
 
 def model_signature(module: nn.Module, ignored: Collection[str] = ()) -> list[Signature]:

@@ -46,7 +46,7 @@ __getattr__, __dir__ = lazy(
         "JobStateLost": "gradsync.elastic.errors",
         "Membership": "gradsync.elastic.membership",
         "MembershipChanged": "gradsync.elastic.errors",
-        "Recovery": "gradsync.elastic.state",
+        "Recovery": "gradsync.elastic.recovery",
         "State": "gradsync.elastic.state",
         "Timeouts": "gradsync.elastic.timeouts",
         "init": "gradsync.elastic.join",
@@ -59,7 +59,8 @@ if TYPE_CHECKING:
     from gradsync.elastic.join import init
     from gradsync.elastic.loader import ElasticLoader
     from gradsync.elastic.membership import Membership
-    from gradsync.elastic.state import Recovery, State, run
+    from gradsync.elastic.recovery import Recovery
+    from gradsync.elastic.state import State, run
     from gradsync.elastic.timeouts import Timeouts
 
 __all__ = [

@@ -7,9 +7,9 @@ import os
 
 from gradsync import torch_private
 from gradsync.elastic.errors import JobFinished, MembershipChanged
-from gradsync.elastic.futile import MAX_FUTILE
 from gradsync.elastic.keys import REJOIN_VARIABLE
 from gradsync.elastic.membership import Membership
+from gradsync.elastic.recovery import MAX_FUTILE
 from gradsync.elastic.timeouts import Timeouts
 from gradsync.errors import GradsyncError
 from gradsync.log import log

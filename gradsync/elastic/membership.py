@@ -9,27 +9,26 @@ round's process group is :mod:`gradsync.elastic.round_group`'s.
 
 Between rounds the store is not touched per step (:meth:`Membership.step_boundary`): a step is committed when its
 gradients' all-reduce completed, which every member's backward took part in, and a worker asking to join is
-admitted at a step boundary rank 0 announces a few steps ahead (:mod:`gradsync.elastic.admission`).
+admitted at a step boundary rank 0 announces a few steps ahead (:class:`~gradsync.elastic.training_view.Admission`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import time
 
 import torch.distributed as dist
 
 from gradsync.collectives.activity import CollectiveActivity, of_this_process
-from gradsync.elastic import join_requests, keys
-from gradsync.elastic.admission import Admission
+from gradsync.elastic import keys, verdicts
 from gradsync.elastic.errors import JobFinished
 from gradsync.elastic.job_status import MAX_WORLD_VARIABLE, WORKER_VARIABLE, job_done, job_running
 from gradsync.elastic.liveness import Liveness
 from gradsync.elastic.pace import Pace
 from gradsync.elastic.round_group import RoundGroup
-from gradsync.elastic.rounds import Round, Rounds
+from gradsync.elastic.rounds import Rounds
 from gradsync.elastic.timeouts import Timeouts
+from gradsync.elastic.training_view import Round, TrainingView
 from gradsync.elastic.verdicts import Stall, Suspicions
 from gradsync.errors import GradsyncError
 from gradsync.log import log
@@ -62,10 +61,11 @@ class Membership:
         self.me = store.add(keys.SEQUENCE, 1)
         if os.environ.get(WORKER_VARIABLE):
             store.set(keys.worker(os.environ[WORKER_VARIABLE]), str(self.me))
-        self.round: Round | None = None
         self.joined_late = False  # admitted into a running job: it receives the members' state first
-        self._group = RoundGroup(store, timeouts, alarm_store=beat_store)
-        self._admission: tuple[Round, Admission] | None = None  # the current round's, read by the heartbeat thread
+        # What the training thread is in (its round, the group it forms, the leader it waits on, the admission), the
+        # one thing the heartbeat thread reads of it.
+        self._view = TrainingView()
+        self._group = RoundGroup(store, timeouts, alarm_store=beat_store, view=self._view)
         self._finished_without_me = False
         self._beat_store = beat_store
         # The training thread's collectives (None: not watched): a step stalled outside them is posted.
@@ -75,7 +75,7 @@ class Membership:
         self.liveness = Liveness(
             beat_store, self.me, timeouts.heartbeat, on_gone=self._member_gone, on_beat=self._each_beat
         )
-        self._rounds = Rounds(store, self.me, self.liveness, timeouts)
+        self._rounds = Rounds(store, self.me, self.liveness, timeouts, self._view)
         self._suspicions = Suspicions(self.liveness)
 
     def _member_gone(self, member: int, why: str) -> None:
@@ -99,6 +99,11 @@ class Membership:
             f"collective for over {self.timeouts.collective:g}s (GRADSYNC_ELASTIC_COLLECTIVE_TIMEOUT), and the others "
             "went on without it"
         )
+
+    @property
+    def round(self) -> Round | None:
+        """The round this worker is in (None before its first, and while it joins again)."""
+        return self._view.seen().round
 
     @property
     def finished_without_me(self) -> bool:
@@ -159,18 +164,17 @@ class Membership:
     def _enter(self, number: int, members: list[int]) -> Round:
         if self.me not in members:
             raise GradsyncError(f"worker {self.me} was left out of round {number} (declared dead); exiting")
-        self.round = Round(number, members, self.me)
+        round_ = Round(number, members, self.me)
         self.liveness.watch_only(members)
         self.store.set(keys.joined(self.me), "1")
-        requests = int(self.store.get(keys.requests(number)))
-        self._admission = (self.round, Admission(requests, beat_s=self.liveness.interval))
-        return self.round
+        self._view.entered(round_, int(self.store.get(keys.requests(number))), beat_s=self.liveness.interval)
+        return round_
 
     def request_to_join(self) -> None:
         self.joined_late = True
         self.store.delete_key(keys.joined(self.me))  # a member left out of a round joins again
         self.store.delete_key(keys.lost(self.me))  # it was declared lost, and is back
-        join_requests.ask(self.store, self.me)
+        verdicts.ask_to_join(self.store, self.me)
 
     # --------------------------------------------------------------------------------------------- rounds
     def next_round(self, steps: int = 0) -> Round:
@@ -183,7 +187,7 @@ class Membership:
         if self.me not in members:  # declared dead (cut off, or stopped for too long): join again, in-process
             log.warning("gradsync elastic: worker %d was left out of round %d; asking to join again", self.me, number)
             self.request_to_join()
-            self.round = None
+            self._view.left_out()
             return self._join_a_round()
         return self._enter(number, members)
 
@@ -218,11 +222,8 @@ class Membership:
                 f"is lost: {lost}. Without it the members cannot agree on any change, so training stops here; "
                 "restart the job from its last checkpoint once the store is back."
             )
-        current = self._admission
-        assert current is not None
-        admission = current[1]
-        admission.tick(time.monotonic(), step)
-        return admission.at is not None and step >= admission.at
+        at = self._view.committed(step)
+        return at is not None and step >= at
 
     def _each_beat(self, store: dist.Store) -> None:
         """From the heartbeat thread, each beat: a round being formed with a member that looks dead is called off,
@@ -232,7 +233,7 @@ class Membership:
         (:class:`~.pace.Pace`: rank 0 says which member the others wait on)."""
         self._group.call_off_for_suspects(self.liveness.suspects)
         self._rounds.abandon_if_leader_suspected(store)
-        current = self.round
+        current = self._view.seen().round
         if current is not None:
             self._suspicions.post_new(store, current.number, current.members)
         self._look_for_admission(store)
@@ -246,13 +247,13 @@ class Membership:
     def _look_for_admission(self, store: dist.Store) -> None:
         """From the heartbeat thread, each beat: rank 0 announces the admitting step when a worker asked to join;
         every member reads the announcement."""
-        current = self._admission
-        if current is None or current[1].at is not None:
+        seen = self._view.seen()
+        round_, admission = seen.round, seen.admission
+        if round_ is None or admission is None or admission.at is not None:
             return
-        round_, admission = current
         key = keys.admit_at(round_.number)
         ahead = admission.steps_ahead()
         if round_.rank == 0 and ahead is not None and int(store.add(keys.JOIN_REQUESTS, 0)) > admission.requests:
             store.compare_set(key, "", str(admission.step + ahead))
         if store.check([key]):
-            admission.announced(int(store.get(key)))
+            self._view.announce(round_.number, int(store.get(key)))

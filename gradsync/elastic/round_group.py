@@ -1,6 +1,43 @@
 """A round's process group: a fresh default group on a store prefix of the round's own (``round<k>/group/``), with
-no process restart, formed once every member is at the gate (:mod:`.formation`), whose members wait for no peer's
-report when a collective fails (they recover themselves); and a lost member marked for the next round's leader."""
+no process restart, formed once every member is at the gate, whose members wait for no peer's report when a
+collective fails (they recover themselves); and a lost member marked for the next round's leader.
+
+**The gate** (:func:`arrive`, :func:`call_off`). torch's ``init_process_group`` exchanges the members' addresses
+through the store and waits for each up to the group's timeout. A member that dies after the round was agreed (a
+second fault inside one regroup window, or a kill its launcher reports a moment after the round's leader asked)
+would make every survivor wait out that whole timeout inside ``init_process_group``, although its watcher already
+knows it is gone. So each member first counts itself in; the last one in opens the gate, and a watcher that sees a
+member of the round gone calls it off, whichever comes first (one ``compare_set`` decides). The members wait for
+that decision with the store's blocking wait (a watch on etcd), not a poll, and only then form the group. A watcher
+also calls the round off for a member whose heartbeat it saw stand still for 3 beats
+(``RoundGroup.call_off_for_suspects``), before the heartbeat timeout would call it gone.
+
+**The connect's bound** (:class:`ConnectTimeout`). A member lost in the milliseconds after the gate opened, inside
+``init_process_group``, leaves the others waiting for its address until the group's timeout. Connecting grows with
+the members and the store's load (each member reads every other's address), so no constant fits: the bound is
+``MARGIN`` times the slowest connect measured here, at least ``FLOOR_S``, at most the collective timeout. It is the
+group's timeout while it connects, which bounds the wait for each member's address in the store; gloo waits
+``PEER_CONNECT_FACTOR`` times as long for a member that posted its address to connect (its tcp ``Pair`` "uses a
+longer timeout when waiting for initial connect"), so the floor is divided by that factor: a member lost after
+posting costs ``FLOOR_S x PEER_CONNECT_FACTOR``, 1 s. A process that measured none yet starts from the slowest
+connect the members published (``keys.CONNECT_SLOWEST``): otherwise a joiner would wait the whole timeout for a
+member lost as it joined, and hold the next round as long, as its leader waits for every live member. One with
+nothing to start from (the job's first round), and one whose last connect failed with no member seen gone or still
+meanwhile (a store too slow for the bound, rather than a member lost), waits the whole collective timeout, so that a
+slow store costs one round, never a livelock. A connect that failed while a member was seen gone keeps its bound, so
+that a second member lost in the next round costs the bound again, not the whole timeout. docs/elastic.md ("Under
+chaos") measures each of these waits. The group then takes the collective timeout for its collectives
+(``torch_private.set_group_timeout``); where torch cannot set it, the connect keeps the collective timeout too.
+
+Example::
+
+    arrive(store, round_, seconds=10)        # every member of round_, before init_process_group
+    call_off(beat_store, round_.number, "worker 3 exited")   # its watcher, from the heartbeat thread
+    clock = ConnectTimeout(collective=5.0)
+    clock.seconds()          # 5.0: nothing measured yet
+    clock.connected(0.02)
+    clock.seconds()          # 0.2: FLOOR_S, above 4 x 0.02 s
+"""
 
 from __future__ import annotations
 
@@ -14,12 +51,76 @@ from collections.abc import Callable, Collection
 import torch.distributed as dist
 
 from gradsync import torch_private
-from gradsync.elastic import formation, keys, verdicts
-from gradsync.elastic.connect_timeout import ConnectTimeout
+from gradsync.elastic import keys, verdicts
 from gradsync.elastic.errors import MembershipChanged
-from gradsync.elastic.rounds import Round
 from gradsync.elastic.timeouts import Timeouts
+from gradsync.elastic.training_view import Round, TrainingView
 from gradsync.elastic.verdicts import lost_mark
+
+PEER_CONNECT_FACTOR = 5  # gloo's wait for a peer's connect, in times the group's timeout (gloo/transport/tcp/pair.h)
+FLOOR_S = 1.0 / PEER_CONNECT_FACTOR  # a member lost after posting costs 1 s and a round more: within the 1.5 s p99 goal
+MARGIN = 4.0  # over the slowest connect measured: a store busier than then still connects
+
+
+class ConnectTimeout:
+    """The connect's bound for the next round's group, from the connects of this process (see the module)."""
+
+    def __init__(self, collective: float) -> None:
+        self._collective = collective
+        self._slowest: float | None = None
+        self._fresh = True
+
+    def seconds(self) -> float:
+        if self._slowest is None:
+            return self._collective
+        return min(self._collective, max(FLOOR_S, MARGIN * self._slowest))
+
+    def fresh(self) -> bool:
+        """Nothing connected or failed here yet: :meth:`start_from` applies."""
+        return self._fresh
+
+    def start_from(self, published: float) -> None:
+        """The slowest connect the job's members published, for a process that measured none yet."""
+        if self._fresh:
+            self._slowest, self._fresh = published, False
+
+    def connected(self, seconds: float) -> bool:
+        """A connect took ``seconds``; whether it was the slowest measured (then worth publishing)."""
+        slowest, self._fresh = seconds > (self._slowest or 0.0), False
+        self._slowest = max(seconds, self._slowest or 0.0)
+        return slowest
+
+    def failed(self) -> None:
+        """A connect failed: the next one waits the collective timeout (it may have been the store, not a member)."""
+        self._slowest, self._fresh = None, False
+
+
+OPEN = "open"
+
+
+def arrive(store: dist.Store, round_: Round, seconds: float) -> None:
+    """Count this member in and wait, at most ``seconds``, until every member of ``round_`` has (then return) or
+    the round is called off (then raise :class:`MembershipChanged`, for the next round to go without the lost)."""
+    gate = keys.gate(round_.number)
+    if store.add(keys.arrived(round_.number), 1) == round_.world_size:
+        store.compare_set(gate, "", OPEN)
+    try:
+        store.wait([gate], datetime.timedelta(seconds=seconds))
+    except dist.DistError as exc:
+        arrived = store.add(keys.arrived(round_.number), 0)
+        raise MembershipChanged(
+            f"round {round_.number}: {arrived} of its {round_.world_size} members reached its group within "
+            f"{seconds:.0f}s and no watcher saw one gone ({exc})"
+        ) from exc
+    verdict = store.get(gate).decode()
+    if verdict != OPEN:
+        raise MembershipChanged(f"round {round_.number}'s group was called off: {verdict}")
+
+
+def call_off(store: dist.Store, round_number: int, why: str) -> None:
+    """A member of round ``round_number`` is gone (``why``): the members waiting in :func:`arrive` stop now. No-op
+    once the gate opened: the group then forms, and its first collective fails instead."""
+    store.compare_set(keys.gate(round_number), "", why)
 
 
 def _peer_lost(exc: RuntimeError) -> bool:
@@ -66,16 +167,14 @@ class RoundGroup:
     (a collective with a stopped member fails after it). ``alarm_store``: the heartbeat thread's own connection,
     on which :meth:`tell_members` calls a forming round off (the training thread's waits on ``store``)."""
 
-    def __init__(self, store: dist.Store, timeouts: Timeouts, alarm_store: dist.Store) -> None:
+    def __init__(
+        self, store: dist.Store, timeouts: Timeouts, alarm_store: dist.Store, view: TrainingView | None = None
+    ) -> None:
         self._store = store
         self._alarm_store = alarm_store
         self._timeouts = timeouts
         self._connect_timeout = ConnectTimeout(timeouts.collective)
-        self._formed: Round | None = None  # the current round, once its group formed, read by the heartbeat thread
-        self._forming: Round | None = None  # the round whose group is being formed, read by the heartbeat thread
-        # The round the heartbeat thread saw a member of gone or still as it formed: a number, so that a late write
-        # about an earlier round never counts against the one forming now.
-        self._lost_while_forming: int | None = None
+        self._view = view if view is not None else TrainingView()  # the round forming and formed, for the beat thread
         self._excepthook = sys.excepthook  # as the process had it, before any round's group wrapped it
 
     def leave(self, failure: BaseException | None = None) -> None:
@@ -99,13 +198,10 @@ class RoundGroup:
     def form(self, round_: Round) -> None:
         """A fresh default process group for ``round_`` (the previous one, if any, is closed first)."""
         self.leave()
-        self._forming = round_
-        try:
-            formation.arrive(self._store, round_, self._timeouts.collective)  # or called off: a member is gone
+        with self._view.forming(round_):
+            arrive(self._store, round_, self._timeouts.collective)  # or called off: a member is gone
             self._init_group(round_)
-        finally:
-            self._forming = None
-        self._formed = round_
+        self._view.formed(round_)
 
     def _init_group(self, round_: Round) -> None:
         """Connect within :class:`~.connect_timeout.ConnectTimeout`'s bound (a member lost after the gate opened
@@ -117,7 +213,7 @@ class RoundGroup:
         try:
             took = self._connect(round_, seconds)
         except MembershipChanged:
-            if self._lost_while_forming != round_.number:  # a lost member explains the failure, not too short a bound
+            if not self._view.was_lost_while_forming(round_.number):  # a lost member explains it, not the bound
                 bound.failed()
             raise
         if bound.connected(took):
@@ -161,27 +257,27 @@ class RoundGroup:
         gate would wait the collective timeout for it otherwise, as no watcher calls it gone before the heartbeat
         timeout. A live member wrongly suspected costs one more round, never a wrong one: the next round's leader
         does not wait for it, and its heartbeat moves again."""
-        forming = self._forming
+        forming = self._view.seen().forming
         if forming is None:
             return
         for member, still in suspects(forming.members).items():
-            self._lost_while_forming = forming.number
+            self._view.lost_while_forming(forming.number)
             why = f"worker {member}'s heartbeat stood still for {still:.1f}s as the round formed"
-            formation.call_off(self._alarm_store, forming.number, why)
+            call_off(self._alarm_store, forming.number, why)
             return
 
     def tell_members(self, member: int, why: str, count: int) -> None:
         """From the heartbeat thread: a member of this round is gone. A member of the round being formed calls that
-        round off (:mod:`.formation`): its members would otherwise wait out the group's timeout. A member of the
+        round off (:func:`call_off`): its members would otherwise wait out the group's timeout. A member of the
         current round is marked lost for the next round's leader, with ``count``, its heartbeat counter as last seen
         (:func:`~.verdicts.lost_mark`). Both on the heartbeat thread's own connection: a TCPStore client serves one
         request at a time, and the training thread's may be inside a wait of seconds (the gate, the group's
         rendezvous, the next member list); this thread's beats would stop behind it, and its member, looking dead
         after 3 beats, would be left out of rounds."""
-        forming = self._forming
+        seen = self._view.seen()
+        forming, formed = seen.forming, seen.formed
         if forming is not None and member in forming.members:
-            self._lost_while_forming = forming.number
-            formation.call_off(self._alarm_store, forming.number, f"worker {member} {why}")
-        formed = self._formed
+            self._view.lost_while_forming(forming.number)
+            call_off(self._alarm_store, forming.number, f"worker {member} {why}")
         if formed is not None and member in formed.members:
             verdicts.post(self._alarm_store, keys.lost(member), lost_mark(count, why), member)  # for the next leader

@@ -16,16 +16,16 @@ from __future__ import annotations
 import datetime
 import json
 import time
-from dataclasses import dataclass
 
 import torch.distributed as dist
 
-from gradsync.elastic import join_requests, keys
+from gradsync.elastic import keys, verdicts
 from gradsync.elastic.errors import JobFinished, JobStateLost, MembershipChanged
 from gradsync.elastic.job_status import find_state_lost, job_running
 from gradsync.elastic.liveness import SUSPECT_BEATS, Liveness
 from gradsync.elastic.silent_holders import SilentHolders
 from gradsync.elastic.timeouts import Timeouts
+from gradsync.elastic.training_view import Round, TrainingView
 from gradsync.elastic.verdicts import Verdicts
 from gradsync.errors import GradsyncError
 from gradsync.log import log
@@ -37,32 +37,19 @@ EXPIRED = "expired"  # joined/<member>'s value (with why) when a round went with
 STATE_LOOK_S = 1.0  # a joiner looks this often whether the job's state is still held by a member
 
 
-@dataclass(frozen=True)
-class Round:
-    number: int
-    members: list[int]  # sequence numbers, in rank order
-    me: int
-
-    @property
-    def rank(self) -> int:
-        return self.members.index(self.me)
-
-    @property
-    def world_size(self) -> int:
-        return len(self.members)
-
-
 class Rounds:
     """The agreement on each round's members, for worker ``me``; each method returns a round's number and members
     (the caller enters the round)."""
 
-    def __init__(self, store: dist.Store, me: int, liveness: Liveness, timeouts: Timeouts) -> None:
+    def __init__(
+        self, store: dist.Store, me: int, liveness: Liveness, timeouts: Timeouts, view: TrainingView | None = None
+    ) -> None:
         self._store = store
         self._me = me
         self._liveness = liveness
         self._timeouts = timeouts
         self._tried = 0  # the last round number this worker registered for
-        self._awaited: tuple[int, int] | None = None  # (round, its leader) this member waits on, for the beat thread
+        self._view = view if view is not None else TrainingView()  # the leader waited on, for the beat thread
         self._silent = SilentHolders(store, liveness, me)  # a joiner's word on state holders gone silent
 
     def first(self, expected: int, seconds: float) -> list[int]:
@@ -99,15 +86,12 @@ class Rounds:
         if leader == self._me:
             self._decide(number, current)
             return number, self._wait_for(keys.members(number), SETTLE_S)  # its list, or a member's abandonment
-        self._awaited = (number, leader)
-        try:
+        with self._view.waiting_for(number, leader):
             # Watched from now (the heartbeat thread calls abandon() if it goes), and judged at once: its exit may
             # have been seen already, before this member knew it would lead.
             if not self._liveness.alive(leader):
                 self.abandon(self._store, leader, self._liveness.why_dead(leader))
             return number, self._wait_for(keys.members(number), 2 * (SETTLE_S + self._timeouts.collective))
-        finally:
-            self._awaited = None
 
     def abandon(self, store: dist.Store, member: int, why: str) -> None:
         """``member`` is gone (``why``): if it leads the round this member waits on, write that round's abandonment
@@ -115,7 +99,7 @@ class Rounds:
         ``2 * (SETTLE_S + collective timeout)``. From the heartbeat thread, on its own ``store`` connection (the
         training thread's waits on the list). A leader that was only slow loses the list's ``compare_set`` and
         tries the next number too."""
-        awaited = self._awaited
+        awaited = self._view.seen().leader
         if awaited is None or awaited[1] != member:
             return
         verdict = {ABANDONED: f"its leader, worker {member}, {why}"}
@@ -127,7 +111,7 @@ class Rounds:
         leader lost with its host (no launcher left to report the exit) would keep its members waiting that whole
         timeout. A live leader wrongly suspected loses the list's ``compare_set`` and tries the next number with the
         others: one more round, never a wrong one."""
-        awaited = self._awaited
+        awaited = self._view.seen().leader
         if awaited is None:
             return
         leader = awaited[1]
@@ -151,7 +135,7 @@ class Rounds:
                 return number, members
             self._say_why_left_out(number)
             self._store.delete_key(keys.joined(self._me))  # marked expired by that round: still joining
-            join_requests.ask(self._store, self._me)  # for the next round's leader and its rank 0's announcement
+            verdicts.ask_to_join(self._store, self._me)  # for the next round's leader and its rank 0's announcement
             number = max(number, self._current_round()) + 1
         raise self._not_admitted()
 
@@ -199,7 +183,7 @@ class Rounds:
 
     def _decide(self, number: int, current: Round) -> None:
         requests = int(self._store.add(keys.JOIN_REQUESTS, 0))  # before the joiners are listed: none is missed
-        joiners = join_requests.pending(self._store, since=self._kept(keys.requests(current.number)))
+        joiners = verdicts.joiners_pending(self._store, since=self._kept(keys.requests(current.number)))
         floor = self._kept(keys.committed(current.number)) or 0
         # Members keep their order and joiners come last, so rank 0 (whose state everyone receives) is a member that
         # lived through the change: a worker that was cut off and asks to join again keeps its old, low number.

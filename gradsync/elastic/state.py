@@ -22,7 +22,6 @@ import contextlib
 import functools
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import torch
@@ -31,34 +30,15 @@ import torch.distributed as dist
 from gradsync.checkpoint import rng_state, set_rng_state
 from gradsync.collectives.communicator import Communicator, Op
 from gradsync.elastic.errors import JobFinished, MembershipChanged
-from gradsync.elastic.futile import FutileRecoveries
 from gradsync.elastic.loader import ElasticLoader
 from gradsync.elastic.membership import Membership
-from gradsync.elastic.phases import Phases
+from gradsync.elastic.recovery import FutileRecoveries, Phases, Recovery
 from gradsync.elastic.rounds import Round
 from gradsync.errors import CollectiveError, ConfigError, GradsyncError
 from gradsync.log import log
 from gradsync.validate import require_callable
 
 T = TypeVar("T")
-
-
-@dataclass(frozen=True)
-class Recovery:
-    """One membership change: when, why, and what it cost (recorded in ``State.recoveries``).
-
-    Example::
-
-        for change in state.recoveries:   # one Recovery per membership change this worker survived
-            print(f"step {change.step}: {change.world_before} -> {change.world_after} ranks in {change.seconds:.2f} s")
-    """
-
-    step: int
-    reason: str
-    world_before: int
-    world_after: int
-    seconds: float
-    phases: dict[str, float] = field(default_factory=dict)  # seconds in each phase (gradsync/elastic/phases.py)
 
 
 class State:
@@ -134,8 +114,8 @@ class State:
             raise MembershipChanged("admitting a worker that asked to join")
 
     def count_recovery(self, failure: BaseException) -> None:
-        """Give up after more than MAX_FUTILE membership changes in a row without a committed step, over
-        6 heartbeat timeouts at least (:mod:`gradsync.elastic.futile`: not within a burst of faults)."""
+        """Give up after more than MAX_FUTILE membership changes in a row without a committed step, over 6 heartbeat
+        timeouts at least (:class:`~gradsync.elastic.recovery.FutileRecoveries`: not within a burst of faults)."""
         why = self._futile.count(self.steps, time.monotonic())
         if why is not None:
             raise GradsyncError(f"{why}: giving up") from failure
@@ -257,8 +237,7 @@ class State:
             "steps": self.steps,
             "counters": self.counters,
             "rng": rng_state(),
-            "hook": self.model.shared_hook_state(),  # e.g. PowerSGD's generator, DiLoCo's anchor
-            "layout": self.model.shared_layout(),  # the rebuilt buckets: no iteration of one bucket to relearn them
+            "replica": self.model.shared_replica(),  # a comm hook's shared state, the rebuilt buckets
         }
         state = Communicator().broadcast_object(Op.ELASTIC_STATE, mine)
         if self._sharded:
@@ -267,8 +246,7 @@ class State:
             self.optimizer.load_state_dict(state["optimizer"])
         self.loader.load_state_dict(state["loader"])
         self.steps, self.counters = state["steps"], dict(state["counters"])
-        self.model.load_shared_hook_state(state["hook"])
-        self.model.load_shared_layout(state["layout"])
+        self.model.load_shared_replica(state["replica"])
         set_rng_state(state["rng"])
         for p in self.model.parameters():
             p.grad = None  # the half-done step's gradients are dropped

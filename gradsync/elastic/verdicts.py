@@ -12,11 +12,22 @@ leader first looks: the leader had not watched that member before the round bega
 so it expires once the member beats again (:func:`beat_since`): a live member wrongly suspected is awaited again at
 its next beat.
 
-Each verdict takes a ticket naming its member (the ``verdicts`` counter, ``verdicts/<k>``), as a join request does
-(:mod:`.join_requests`): a leader reads the counter each look (one request) and only the members named by the
-tickets since the current round formed, not three keys of every member it wants (3 N requests, on the critical path
-of every regroup). :meth:`Verdicts.read_all` is the full read, kept as the reference and as the fallback where no
-count was recorded or a ticket was taken but not written yet.
+Each verdict takes a ticket naming its member (the ``verdicts`` counter, ``verdicts/<k>``): a
+leader reads the counter each look (one request) and only the members named by the tickets since the current round
+formed, not three keys of every member it wants (3 N requests, on the critical path of every regroup).
+:meth:`Verdicts.read_all` is the full read, kept as the reference and as the fallback where no count was recorded or
+a ticket was taken but not written yet.
+
+A worker asking to join is posted here too, the same way (:func:`ask_to_join`, the ``join_requests`` counter): every
+thing posted about a member is in this file. Every restarted worker takes a new number, so a week of faults leaves
+thousands of numbers behind; a round resolves every request it saw (the joiner is a member, or marked expired and
+asks again with a new ticket), so the requests since the current round's count (``round<k>/requests``) are all that
+can be pending (:func:`joiners_pending`; :func:`every_joiner_pending` is the full scan, reference and fallback).
+
+A ticket is a counter in the store whose k-th increment names a worker (:func:`take_ticket`): a reader who recorded
+the count once reads only what was posted since (:func:`tickets_since`), not a key of every worker. A ticket is
+written after its count moved, so a reader can find one counted but not written yet: it then falls back to its full
+read (the thing the ticket is about was set before the count moved).
 
 Example::
 
@@ -29,12 +40,12 @@ Example::
 from __future__ import annotations
 
 import threading
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from typing import TYPE_CHECKING
 
 import torch.distributed as dist
 
-from gradsync.elastic import keys, tickets
+from gradsync.elastic import keys
 
 if TYPE_CHECKING:
     from gradsync.collectives.activity import CollectiveActivity
@@ -47,6 +58,46 @@ def mark_exited(store: dist.Store, member: int) -> None:
     no beat of its own can follow)."""
     post(store, keys.exited(member), "1", member)  # for a deciding leader, at its next look
     store.set(keys.beat(member), str(keys.EXITED_BEAT))
+
+
+def take_ticket(store: dist.Store, counter: str, ticket: Callable[[int], str], worker: int) -> None:
+    """Move ``counter`` and write the ticket it gave, naming ``worker``."""
+    number = int(store.add(counter, 1))
+    store.set(ticket(number), str(worker))
+
+
+def tickets_since(store: dist.Store, ticket: Callable[[int], str], since: int, count: int) -> list[int] | None:
+    """The workers the tickets after the first ``since``, up to ``count``, name; None if one of them is counted but
+    not written yet."""
+    keys = [ticket(number) for number in range(since + 1, count + 1)]
+    if keys and not store.check(keys):
+        return None
+    return [int(store.get(key)) for key in keys]
+
+
+def ask_to_join(store: dist.Store, me: int) -> None:
+    """Worker ``me`` asks to be admitted (again)."""
+    store.set(keys.joiner(me), "1")  # first: a leader that counts the request finds the joiner marked
+    take_ticket(store, keys.JOIN_REQUESTS, keys.ticket, me)
+
+
+def joiners_pending(store: dist.Store, since: int | None) -> list[int]:
+    """The workers asking to be admitted, not admitted yet, among the requests after the first ``since`` (the count
+    the current round recorded); every pending one if a ticket was taken but not written yet, or with no count."""
+    if since is None:
+        return every_joiner_pending(store)
+    count = int(store.add(keys.JOIN_REQUESTS, 0))
+    asking = tickets_since(store, keys.ticket, since, count)
+    if asking is None:  # a joiner between its count and its ticket
+        return every_joiner_pending(store)
+    return sorted(m for m in set(asking) if not store.check([keys.joined(m)]))
+
+
+def every_joiner_pending(store: dist.Store) -> list[int]:
+    """Every worker asking to be admitted and not admitted yet: two keys checked for each number ever taken."""
+    count = int(store.add(keys.SEQUENCE, 0))
+    check = store.check
+    return [s for s in range(1, count + 1) if check([keys.joiner(s)]) and not check([keys.joined(s)])]
 
 
 def lost_mark(count: int, why: str) -> str:
@@ -67,14 +118,14 @@ def post(store: dist.Store, key: str, mark: str, member: int) -> None:
     """Set a verdict on ``member`` (``key`` to ``mark``), then take its ticket: a leader that sees the counter move
     finds the mark set, even before the ticket is written."""
     store.set(key, mark)
-    tickets.take(store, keys.VERDICTS, keys.verdict, member)
+    take_ticket(store, keys.VERDICTS, keys.verdict, member)
 
 
 def withdraw(store: dist.Store, key: str, member: int) -> None:
     """Delete the verdict at ``key`` on ``member``, then take a ticket as :func:`post` does: a leader reads the
     member's marks again, and finds this one gone."""
     store.delete_key(key)
-    tickets.take(store, keys.VERDICTS, keys.verdict, member)
+    take_ticket(store, keys.VERDICTS, keys.verdict, member)
 
 
 def holding(store: dist.Store, key: str, member: int) -> str | None:
@@ -112,7 +163,7 @@ class Verdicts:
         the leader's wait."""
         count = self.counter()
         if count != self.count:
-            named = tickets.named_since(self._store, keys.verdict, self.count, count)
+            named = tickets_since(self._store, keys.verdict, self.count, count)
             if named is None:  # a verdict between its count and its ticket: its mark is set, a full read finds it
                 self.read_all()
             else:

@@ -32,15 +32,15 @@ x = torch.randn(480, 8, generator=g)
 data = TensorDataset(x, x @ torch.randn(8, 1, generator=g) + 0.1 * torch.randn(480, 1, generator=g))
 
 if os.environ.get("FORMATION_GATE") == "off":  # the bench's "before": members go straight to init_process_group
-    from gradsync.elastic import formation
+    from gradsync.elastic import round_group
 
-    formation.arrive = lambda store, round_, seconds: None
+    round_group.arrive = lambda store, round_, seconds: None
 if os.environ.get("EXIT_BEFORE_FORMING") == os.environ.get("GRADSYNC_HOST"):
     # A second fault inside one regroup window, placed exactly: this worker exits (once: its restart does not) as it
     # reaches the formation gate of a round after the first, so the round was agreed with it and it never arrives.
-    from gradsync.elastic import formation
+    from gradsync.elastic import round_group
 
-    arrive, marker = formation.arrive, out / "exited_before_forming"
+    arrive, marker = round_group.arrive, out / "exited_before_forming"
 
     def exit_before_arriving(store, round_, seconds):
         if round_.number > 1 and not marker.exists():
@@ -48,7 +48,7 @@ if os.environ.get("EXIT_BEFORE_FORMING") == os.environ.get("GRADSYNC_HOST"):
             os._exit(1)
         return arrive(store, round_, seconds)
 
-    formation.arrive = exit_before_arriving
+    round_group.arrive = exit_before_arriving
 
 # The lab's "stuck" fault (SIGUSR2, lab/elastic.py's stick): the training thread sleeps for the seconds in
 # <pid>.stuck inside its step while its heartbeat thread goes on beating (user code, a data loader or a file system
