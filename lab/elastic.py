@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from gradsync.elastic import ElasticLoader
+from gradsync.testing import free_port
 from lab import etcd_cluster, netlab
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -56,14 +57,18 @@ def launch_on(
 
 
 def launch_on_loopback(
-    out: Path, store: str, env_extra: dict[str, str], nproc: int = 2, rdzv_conf: str = ""
+    out: Path, store: str | None, env_extra: dict[str, str], nproc: int = 2, rdzv_conf: str = ""
 ) -> subprocess.Popen:
     """One launcher with ``nproc`` workers on this host's loopback, the job's store on the etcd cluster ``store``
-    (reached as ``rdzv_conf`` says: TLS files, a user)."""
+    (reached as ``rdzv_conf`` says: TLS files, a user), or, with ``store`` None, in the launcher on a free port."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RANK", "WORLD_SIZE", "MASTER_", "LOCAL_"))}
     env.update(GLOO_SOCKET_IFNAME="lo", GRADSYNC_HOST="h0", PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", **env_extra)
     argv = [sys.executable, "-m", "gradsync", "run", "--elastic", "--nnodes", "1", "--nproc-per-node", str(nproc)]
-    argv += ["--max-restarts", "2", "--store", store, "--rdzv-id", f"loopback-{out.name}-{os.getpid()}"]
+    argv += ["--max-restarts", "2"]
+    if store is None:
+        argv += ["--rdzv-endpoint", f"127.0.0.1:{free_port()}"]
+    else:
+        argv += ["--store", store, "--rdzv-id", f"loopback-{out.name}-{os.getpid()}"]
     argv += ["--rdzv-conf", rdzv_conf] if rdzv_conf else []
     argv += [str(ROOT / "tests" / "scripts" / "elastic_train.py"), str(out)]
     return subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

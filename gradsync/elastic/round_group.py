@@ -204,7 +204,7 @@ class RoundGroup:
         self._view.formed(round_)
 
     def _init_group(self, round_: Round) -> None:
-        """Connect within :class:`~.connect_timeout.ConnectTimeout`'s bound (a member lost after the gate opened
+        """Connect within :class:`ConnectTimeout`'s bound (a member lost after the gate opened
         costs that, not the collective timeout), then give the group the collective timeout."""
         collective, bound = self._timeouts.collective, self._connect_timeout
         if bound.fresh() and self._store.check([keys.CONNECT_SLOWEST]):

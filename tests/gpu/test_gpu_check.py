@@ -352,3 +352,38 @@ def test_a_stuck_nccl_collective_is_named_before_the_watchdog_ends_the_process(t
     text = said.read_text()
     print(text[-2000:])
     assert "gradsync: all-reduce of bucket 0 failed on rank 0: still running after" in text, text[-2000:]
+
+
+# ------------------------------------------------------------------------- an elastic job with its model on CUDA
+def kill_and_rejoin(device: str, out) -> dict:  # type: ignore[no-untyped-def]
+    """``gradsync run --elastic`` with 2 workers on this host (tests/scripts/elastic_train.py, its model and batches
+    on ``device``), one SIGKILLed mid-epoch: the survivor goes on in its process, the launcher restarts the victim,
+    which joins again; every sample is used once and both end with the same model. What the job logged, with the
+    finals. The same code runs on CPU in the elastic tests (tests/test_elastic.py)."""
+    import os
+    import signal
+
+    from lab.elastic import check_exactly_once, finals, finish, kill_all, launch_on_loopback, wait_steps
+
+    job = launch_on_loopback(out, None, {"DEVICE": device, "STEP_SLEEP": "0.05", "ELASTIC_TIMEOUT": "10"})
+    try:
+        wait_steps(out, 15)
+        victim = max(int(p.stem) for p in out.glob("*.pid"))
+        os.kill(victim, signal.SIGKILL)
+        logs = finish([job], timeout=240)
+    finally:
+        kill_all([job], out)
+    check_exactly_once(out, killed=1, hosts=2)
+    ended = finals(out)
+    assert len(ended) == 2 and len({round(f["checksum"], 6) for f in ended}) == 1, ended
+    return {"logs": logs, "finals": ended, "victim": victim}
+
+
+@needs_gpu
+@pytest.mark.timeout(300)
+def test_an_elastic_job_on_cuda_survives_a_kill_and_the_rejoin(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    # Two workers share the GPU, so each round's group is gloo (NCCL needs a GPU per rank): the buckets' CUDA
+    # tensors go through gloo's host copies. docs/elastic.md says what has and has not run on NCCL.
+    run = kill_and_rejoin("cuda", tmp_path)
+    print(run["logs"][0][-1500:])
+    assert any(r for f in run["finals"] for r in f["recoveries"]), "no recovery was recorded"

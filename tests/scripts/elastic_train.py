@@ -1,5 +1,6 @@
 """An elastic job (``gradsync run --elastic``): a small regression over 480 samples, EPOCHS (3) epochs, batch 4 per
-rank.
+rank; DEVICE=cuda puts the model and each batch on this worker's GPU (tests/gpu/: the round's gloo group carries
+CUDA tensors through host copies).
 
 Writes into argv[1]: ``<pid>.events`` (one JSON line per committed step: the samples this rank consumed, the time,
 its rank, world size and the epoch position the step started at), ``<pid>.final`` (the final parameters' checksum,
@@ -56,7 +57,10 @@ if os.environ.get("EXIT_BEFORE_FORMING") == os.environ.get("GRADSYNC_HOST"):
 signal.signal(signal.SIGUSR2, lambda *_: time.sleep(float((out / f"{pid}.stuck").read_text())))
 job = elastic.init(timeout=float(os.environ.get("ELASTIC_TIMEOUT", "5")))
 torch.manual_seed(0)
-model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1))
+DEVICE = torch.device(os.environ.get("DEVICE", "cpu"))
+if DEVICE.type == "cuda":  # the workers of a host share its GPUs
+    DEVICE = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
+model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1)).to(DEVICE)
 ddp = gradsync.DistributedDataParallel(model, bucket_cap_mb=25)
 opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
 if os.environ.get("EXIT_AT_ADMISSION") == os.environ.get("GRADSYNC_HOST"):
@@ -95,6 +99,7 @@ STEP_S = float(os.environ.get("STEP_SLEEP", "0")) * (
 
 
 def one_step(state, epoch, xb, yb):
+    xb, yb = xb.to(DEVICE), yb.to(DEVICE)
     state.optimizer.zero_grad()
     # SLEEP_AT=forward: the step's time is spent before backward, so a kill lands there and the survivors
     # learn of it from a failed all-reduce; by default after it.
@@ -148,7 +153,7 @@ train_in_its_own_loop(state) if os.environ.get("LOOP") == "guard" else train(sta
 if job.finished_without_me:  # (re)started after the others finished: it trained nothing, so it reports nothing
     sys.exit(0)
 with torch.no_grad():
-    loss = nn.functional.mse_loss(model(data.tensors[0]), data.tensors[1]).item()
+    loss = nn.functional.mse_loss(model(data.tensors[0].to(DEVICE)), data.tensors[1].to(DEVICE)).item()
 checksum = sum(float(p.detach().double().sum()) * (i + 1) for i, p in enumerate(model.parameters()))
 final = {"checksum": checksum, "loss": loss, "recoveries": [r.__dict__ for r in state.recoveries], "steps": state.steps}
 final |= {"hook_calls": hook_calls[0], "monitor_steps": len(monitor.steps) if monitor else 0, "pid": pid}
