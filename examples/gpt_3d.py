@@ -8,9 +8,10 @@ character by character.
 
     gradsync run --standalone --nproc-per-node 8 examples/gpt_3d.py
     gradsync run --standalone --nproc-per-node 8 examples/gpt_3d.py --ddp torch    # the same run with torch's DDP
+    gradsync run --standalone --nproc-per-node 8 examples/gpt_3d.py --ddp gradsync torch    # both, in turn
 
 The last stage's first rank prints each step's loss, averaged over the data-parallel ranks, then a JSON line
-``{"losses": [...]}`` (tests/test_gpt_3d.py compares the two runs' lines).
+``{"ddp": ..., "losses": [...]}`` per run (tests/test_gpt_3d.py compares the two runs' lines).
 """
 
 from __future__ import annotations
@@ -35,7 +36,9 @@ parser.add_argument("--batch-size", type=int, default=8, help="sequences per ste
 parser.add_argument("--microbatches", type=int, default=4)
 parser.add_argument("--context", type=int, default=32)
 parser.add_argument("--layers", type=int, default=4, help="transformer blocks, split evenly over the 2 stages")
-parser.add_argument("--ddp", choices=("gradsync", "torch"), default="gradsync", help="whose DDP wraps each stage")
+parser.add_argument(
+    "--ddp", nargs="+", choices=("gradsync", "torch"), default=["gradsync"], help="whose DDP wraps each stage"
+)
 args = parser.parse_args()
 
 torch.set_num_threads(1)
@@ -127,37 +130,43 @@ def batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 # -------------------------------------------------------------------------------------------------------- train
-module = stage_module(len(chars))
-module = parallelize_module(module, mesh["tp"], megatron_plan(module))
-if args.ddp == "gradsync":
-    model, stage_type = gradsync.DistributedDataParallel(module, device_mesh=mesh["dp"]), PipelineStage
-else:
-    from torch.distributed.pipelining import PipelineStage as TorchPipelineStage
-
-    model, stage_type = torch.nn.parallel.DistributedDataParallel(module, device_mesh=mesh["dp"]), TorchPipelineStage
-# Before the first forward: torch's DDP swaps the DTensor parameters for local ones, gone from parameters() after it.
-optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, foreach=False)
-stage = stage_type(model, pp, 2, torch.device("cpu"), group=mesh["pp"].get_group())
-
-
 def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten())
 
 
-schedule = Schedule1F1B(stage, n_microbatches=args.microbatches, loss_fn=loss_fn)
-curve = []
-for step in range(args.steps):
-    x, y = batch(step)
-    optimizer.zero_grad()
-    losses: list[torch.Tensor] = []
-    schedule.step(x) if stage.is_first else schedule.step(target=y, losses=losses)
-    optimizer.step()
-    if stage.is_last:
-        loss = torch.stack(losses).mean().detach()
-        dist.all_reduce(loss, group=mesh["dp"].get_group())
-        curve.append(loss.item() / mesh["dp"].size())
-        if dp == 0 and mesh["tp"].get_local_rank() == 0:
-            print(f"step {step:3d}  loss {curve[-1]:.4f}", flush=True)
-if stage.is_last and dp == 0 and mesh["tp"].get_local_rank() == 0:
-    print(json.dumps({"losses": curve}), flush=True)
+def train(ddp: str) -> list[float]:
+    """The whole run with ``ddp``'s DistributedDataParallel over "dp": each step's loss, on the last stage."""
+    module = stage_module(len(chars))
+    module = parallelize_module(module, mesh["tp"], megatron_plan(module))
+    if ddp == "gradsync":
+        model, stage_type = gradsync.DistributedDataParallel(module, device_mesh=mesh["dp"]), PipelineStage
+    else:
+        from torch.distributed.pipelining import PipelineStage as TorchPipelineStage
+
+        model = torch.nn.parallel.DistributedDataParallel(module, device_mesh=mesh["dp"])
+        stage_type = TorchPipelineStage
+    # Before the first forward: torch's DDP swaps the DTensor parameters for local ones, gone from parameters() after.
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, foreach=False)
+    stage = stage_type(model, pp, 2, torch.device("cpu"), group=mesh["pp"].get_group())
+    schedule = Schedule1F1B(stage, n_microbatches=args.microbatches, loss_fn=loss_fn)
+    curve = []
+    for step in range(args.steps):
+        x, y = batch(step)
+        optimizer.zero_grad()
+        losses: list[torch.Tensor] = []
+        schedule.step(x) if stage.is_first else schedule.step(target=y, losses=losses)
+        optimizer.step()
+        if stage.is_last:
+            loss = torch.stack(losses).mean().detach()
+            dist.all_reduce(loss, group=mesh["dp"].get_group())
+            curve.append(loss.item() / mesh["dp"].size())
+            if dp == 0 and mesh["tp"].get_local_rank() == 0:
+                print(f"{ddp} step {step:3d}  loss {curve[-1]:.4f}", flush=True)
+    return curve
+
+
+for ddp in args.ddp:
+    curve = train(ddp)
+    if pp == 1 and dp == 0 and mesh["tp"].get_local_rank() == 0:  # the last stage's first rank
+        print(json.dumps({"ddp": ddp, "losses": curve}), flush=True)
 dist.destroy_process_group()
