@@ -202,69 +202,44 @@ def scenario(
     tmp_path: Path, fault: str, count: int = 1, epochs: int = EPOCHS, env: dict[str, str] | None = None
 ) -> dict:
     """``env``: more of the training script's variables (HOOK, MONITOR: see tests/scripts/elastic_train.py)."""
-    out = tmp_path / fault
-    out.mkdir()
-    with netlab.lab(hosts=HOSTS, rate="1gbit", prefix="gselastic") as lab:
-        variables = {"STEP_SLEEP": "0.05", "ELASTIC_TIMEOUT": "5", "EPOCHS": str(epochs), **(env or {})}
-        procs = launch(lab, out, variables)
-        try:
-            return inject_and_finish(lab, procs, out, fault, count)
-        finally:
-            kill_all(procs, out)
+    with lab_job(tmp_path, fault, **{"EPOCHS": str(epochs), **(env or {})}) as (lab, procs, out):
+        return inject_and_finish(lab, procs, out, fault, count)
 
 
 def fault_during_regroup(tmp_path: Path, env: dict[str, str] | None = None) -> dict:
     """Two faults in one regroup window: h1's worker SIGKILLed mid-epoch, and h2's worker exiting as it reaches the
     next round's formation gate (the round was agreed with it: tests/scripts/elastic_train.py's
     EXIT_BEFORE_FORMING). h0's worker is the one survivor; both others restart and rejoin."""
-    out = tmp_path / "during_regroup"
-    out.mkdir()
-    with netlab.lab(hosts=HOSTS, rate="1gbit", prefix="gselastic") as lab:
-        variables = {"STEP_SLEEP": "0.05", "ELASTIC_TIMEOUT": "5", "EPOCHS": str(EPOCHS), "EXIT_BEFORE_FORMING": "h2"}
-        variables.update(env or {})
-        procs = launch(lab, out, variables)
-        try:
-            wait_steps(out, 15)
-            survivor, victim = pid_of(out, "h0"), pid_of(out, "h1")
-            when = time.time()
-            os.kill(victim, signal.SIGKILL)
-            wait_after(out, when, [survivor])
-            logs = finish(procs)
-            second = int((out / "exited_before_forming").read_text())
-            return {
-                "out": out,
-                "survivors": [survivor],
-                "faults": [("h1", victim, when), ("h2", second, when)],
-                "logs": logs,
-            }
-        finally:
-            kill_all(procs, out)
+    with lab_job(tmp_path, "during_regroup", **{"EXIT_BEFORE_FORMING": "h2", **(env or {})}) as (_lab, procs, out):
+        wait_steps(out, 15)
+        survivor, victim = pid_of(out, "h0"), pid_of(out, "h1")
+        when = time.time()
+        os.kill(victim, signal.SIGKILL)
+        wait_after(out, when, [survivor])
+        logs = finish(procs)
+        second = int((out / "exited_before_forming").read_text())
+        faults = [("h1", victim, when), ("h2", second, when)]
+        return {"out": out, "survivors": [survivor], "faults": faults, "logs": logs}
 
 
 def store_host_lost(tmp_path: Path, wait: float = 60.0) -> dict:
     """The host serving the job's store lost: h0's launcher (which serves it) and its worker SIGKILLed mid-epoch.
     Returns, for the other two launchers, how long each took to end after the kill, its exit code and its output."""
-    out = tmp_path / "store_host"
-    out.mkdir()
-    with netlab.lab(hosts=HOSTS, rate="1gbit", prefix="gselastic") as lab:
-        procs = launch(lab, out, {"STEP_SLEEP": "0.05", "ELASTIC_TIMEOUT": "5", "EPOCHS": str(EPOCHS)})
-        try:
-            wait_steps(out, 15)
-            worker = pid_of(out, "h0")
-            when = time.monotonic()
-            os.kill(procs[0].pid, signal.SIGKILL)
-            os.kill(worker, signal.SIGKILL)
-            ended = {}
-            for host, p in zip(("h1", "h2"), procs[1:]):
-                try:
-                    output = p.communicate(timeout=max(1.0, wait - (time.monotonic() - when)))[0]
-                except subprocess.TimeoutExpired:
-                    p.kill()
-                    output = p.communicate()[0] + "\n(killed by the lab: still running)"
-                ended[host] = {"seconds": time.monotonic() - when, "code": p.returncode, "output": output}
-            return ended
-        finally:
-            kill_all(procs, out)
+    with lab_job(tmp_path, "store_host") as (_lab, procs, out):
+        wait_steps(out, 15)
+        worker = pid_of(out, "h0")
+        when = time.monotonic()
+        os.kill(procs[0].pid, signal.SIGKILL)
+        os.kill(worker, signal.SIGKILL)
+        ended = {}
+        for host, p in zip(("h1", "h2"), procs[1:]):
+            try:
+                output = p.communicate(timeout=max(1.0, wait - (time.monotonic() - when)))[0]
+            except subprocess.TimeoutExpired:
+                p.kill()
+                output = p.communicate()[0] + "\n(killed by the lab: still running)"
+            ended[host] = {"seconds": time.monotonic() - when, "code": p.returncode, "output": output}
+        return ended
 
 
 def any_host_lost(tmp_path: Path, fault: str = "host", down_s: float | None = None) -> dict:

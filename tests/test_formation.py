@@ -55,7 +55,7 @@ def test_a_member_seen_gone_calls_the_round_off_at_once() -> None:
     for why, seconds in outcome.values():
         assert why == "gradsync: round 3's group was called off: worker 3 exited (its launcher saw it)"
         assert seconds < 2.0  # not the 10 s timeout
-    round_group.call_off(store, round_.number, "too late")  # a second verdict changes nothing
+    round_group.call_off(store, round_.number, "too late")  # a second call changes nothing
     assert store.get("gradsync/elastic/round3/gate") == b"worker 3 exited (its launcher saw it)"
 
 

@@ -123,18 +123,25 @@ def measure_during_regroup(tmp: Path, gate: bool = True) -> dict[str, float]:
     }
 
 
+def trained_again(out: Path, pid: int, after: float, when: float) -> float:
+    """Seconds from ``when`` to ``pid``'s second committed step after ``after``: its first is most often the step it
+    was in when it stopped, committed as it resumes if that step's all-reduce had completed (else this counts one
+    step late); then it joins again."""
+    times = sorted(e["t"] for e in events_of(out) if e["pid"] == pid and e["t"] > after)
+    return times[1] - when if len(times) > 1 else float("nan")
+
+
 def measure_stuck(tmp: Path) -> dict[str, float]:
     """The survivors' pause after h1's step stuck (5 s of it the collective timeout), when h1 trained again after it
-    woke (its second step after the fault: the first is most often the step it was stuck in, committed as it wakes;
-    where that step's all-reduce had not completed, one step late), and whether the
-    second stuck step, which wakes after the job finished, ended as such."""
+    woke (:func:`trained_again`), and whether the second stuck step, which wakes after the job finished, ended as
+    such."""
     run = stuck_steps(tmp)
     out, (first, when), logs = run["out"], run["first"], run["logs"]
     check_exactly_once(out, epochs=6)
     return {
         "survivors paused s": paused(out, when, run["survivors"], HOSTS - 1),
         "left out as stalled": float("goes on without worker" in recoveries(logs)),
-        "h1 training again s": sorted(e["t"] for e in events_of(out) if e["pid"] == first and e["t"] > when)[1] - when,
+        "h1 training again s": trained_again(out, first, when, when),
         "h2 ended as finished": float("the job finished while this worker's training thread" in logs[2]),
     }
 
@@ -143,12 +150,9 @@ def measure_paused_host(tmp: Path) -> dict[str, float]:
     run = host_paused(tmp)
     out, (victim, when) = run["out"], run["fault"]
     check_exactly_once(out, epochs=6)
-    # Its first step after it resumes is most often the one it was in, committed if its all-reduce had completed (else
-    # this counts one step late); then it rejoins.
-    back = sorted(e["t"] for e in events_of(out) if e["pid"] == victim and e["t"] > when + 8.0)
     return {
         "survivors paused s": paused(out, when, run["survivors"], HOSTS - 1),
-        "h1 back in-process s": back[1] - when if len(back) > 1 else float("nan"),
+        "h1 back in-process s": trained_again(out, victim, when + 8.0, when),  # resumed after the 8 s pause
         "h1 restarted": float(any("restarting it" in log for log in run["logs"])),
     }
 

@@ -112,9 +112,9 @@ def arrive(store: dist.Store, round_: Round, seconds: float) -> None:
             f"round {round_.number}: {arrived} of its {round_.world_size} members reached its group within "
             f"{seconds:.0f}s and no watcher saw one gone ({exc})"
         ) from exc
-    verdict = store.get(gate).decode()
-    if verdict != OPEN:
-        raise MembershipChanged(f"round {round_.number}'s group was called off: {verdict}")
+    decision = store.get(gate).decode()
+    if decision != OPEN:
+        raise MembershipChanged(f"round {round_.number}'s group was called off: {decision}")
 
 
 def call_off(store: dist.Store, round_number: int, why: str) -> None:

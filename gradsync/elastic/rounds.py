@@ -102,8 +102,8 @@ class Rounds:
         awaited = self._view.seen().leader
         if awaited is None or awaited[1] != member:
             return
-        verdict = {ABANDONED: f"its leader, worker {member}, {why}"}
-        store.compare_set(keys.members(awaited[0]), "", json.dumps(verdict))
+        abandonment = {ABANDONED: f"its leader, worker {member}, {why}"}
+        store.compare_set(keys.members(awaited[0]), "", json.dumps(abandonment))
 
     def abandon_if_leader_suspected(self, store: dist.Store) -> None:
         """From the heartbeat thread, each beat: the leader this member waits on, if its heartbeat stood still for
