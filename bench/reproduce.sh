@@ -98,6 +98,7 @@ python -m bench.elastic.chaos --reread bench/results/chaos-1.json
 python -m bench.elastic.chaos --hosts 8 --budget 700 --mean 2 --seed 2 --epochs 500 --kinds sigkill pair host sigstop
 python -m bench.elastic.chaos --hosts 8 --budget 240 --mean 2 --seed 3 --epochs 220 --kinds host
 python -m bench.elastic.chaos --hosts 8 --budget 240 --mean 3 --seed 4 --kinds sigkill host sigstop paused stuck
+python -m bench.elastic.chaos --hosts 8 --budget 1000 --mean 2 --seed 5 --epochs 600
 python -m bench.elastic.scale --ranks 4 8 16 --runs 2 --kind sigkill
 # The job's store at 256 and 1,024 simulated ranks, TCPStore and 3 etcd members (docs/scaling.md).
 python -m bench.store_load --ranks 256 1024 --store tcp etcd --hosts 8 --seconds 15 --phase-timeout 240
