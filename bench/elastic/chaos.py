@@ -227,9 +227,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--store", choices=("tcp", "etcd"), default="tcp", help="the job's store: h0's TCPStore, or etcd on h0-h2"
     )
-    parser.add_argument("--results", type=Path, default=Path("bench/results"))
+    parser.add_argument(
+        "--results", type=Path, default=Path("bench/results"), help="the folder it writes chaos-<seed>.json and .png in"
+    )
     parser.add_argument("--reread", type=Path, help="print an earlier run's summary (its JSON) again, and stop")
     args = parser.parse_args(argv)
+    if args.results.suffix in (".json", ".png"):  # refused before a run of many minutes, not after it
+        parser.error(f"--results is a folder (chaos-<seed>.json is written in it), not a file: {args.results}")
     if args.reread is not None:
         earlier = json.loads(args.reread.read_text())
         pauses = earlier["pauses"]
