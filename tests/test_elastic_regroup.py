@@ -155,3 +155,11 @@ def _late_plan(rank: int, world: int) -> str:
 def test_a_bucket_plan_is_refused_once_the_reducer_has_run() -> None:
     for message in spawn(_late_plan, 2, timeout=50):
         assert "already ran 2 synced backward(s)" in message and "before the first synced forward" in message
+
+
+def test_a_shared_replica_is_refused_in_any_other_shape(group_of_one) -> None:  # type: ignore[no-untyped-def]
+    """What the round's rank 0 sends is a SharedReplica; the old (hook state, layout) pair is refused by name."""
+    ddp = gradsync.DistributedDataParallel(nn.Linear(4, 4))
+    with pytest.raises(ConfigError, match=r"load_shared_replica takes what shared_replica\(\) returned .* not tuple"):
+        ddp.load_shared_replica((None, None))  # type: ignore[arg-type]
+    ddp.load_shared_replica(ddp.shared_replica())  # its own, before any forward: taken

@@ -291,6 +291,11 @@ class DistributedDataParallel(nn.Module, Joinable):
     def load_shared_replica(self, shared: SharedReplica) -> None:
         """Take rank 0's :meth:`shared_replica` before the new round's first forward (every member of the round
         does): the hook's shared state, and the buckets its reducer starts with."""
+        if not isinstance(shared, SharedReplica):
+            raise ConfigError(
+                f"load_shared_replica takes what shared_replica() returned on the round's rank 0 (a SharedReplica), "
+                f"not {type(shared).__name__}"
+            )
         if self._hook is not None:
             regroup.load_shared_state(*self._hook, shared.hook)
         self.reducer.start_from(shared.layout)

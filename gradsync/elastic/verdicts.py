@@ -12,11 +12,11 @@ leader first looks: the leader had not watched that member before the round bega
 so it expires once the member beats again (:func:`beat_since`): a live member wrongly suspected is awaited again at
 its next beat.
 
-Each verdict takes a ticket naming its member (the ``verdicts`` counter, ``verdicts/<k>``): a
-leader reads the counter each look (one request) and only the members named by the tickets since the current round
-formed, not three keys of every member it wants (3 N requests, on the critical path of every regroup).
-:meth:`Verdicts.read_all` is the full read, kept as the reference and as the fallback where no count was recorded or
-a ticket was taken but not written yet.
+Each verdict takes a ticket naming its member (the ``verdicts`` counter, ``verdicts/<k>``): a leader reads the
+counter each look (one request) and only the members named by the tickets since the current round formed, not three
+keys of every member it wants (3 N requests, on the critical path of every regroup). :meth:`Verdicts.read_all` is
+the full read, kept as the reference and as the fallback where no count was recorded or a ticket was taken but not
+written yet.
 
 A worker asking to join is posted here too, the same way (:func:`ask_to_join`, the ``join_requests`` counter): every
 thing posted about a member is in this file. Every restarted worker takes a new number, so a week of faults leaves
@@ -69,10 +69,10 @@ def take_ticket(store: dist.Store, counter: str, ticket: Callable[[int], str], w
 def tickets_since(store: dist.Store, ticket: Callable[[int], str], since: int, count: int) -> list[int] | None:
     """The workers the tickets after the first ``since``, up to ``count``, name; None if one of them is counted but
     not written yet."""
-    keys = [ticket(number) for number in range(since + 1, count + 1)]
-    if keys and not store.check(keys):
+    names = [ticket(number) for number in range(since + 1, count + 1)]  # not `keys`: that is the schema module
+    if names and not store.check(names):
         return None
-    return [int(store.get(key)) for key in keys]
+    return [int(store.get(name)) for name in names]
 
 
 def ask_to_join(store: dist.Store, me: int) -> None:

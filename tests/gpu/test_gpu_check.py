@@ -359,7 +359,7 @@ def kill_and_rejoin(device: str, out) -> dict:  # type: ignore[no-untyped-def]
     """``gradsync run --elastic`` with 2 workers on this host (tests/scripts/elastic_train.py, its model and batches
     on ``device``), one SIGKILLed mid-epoch: the survivor goes on in its process, the launcher restarts the victim,
     which joins again; every sample is used once and both end with the same model. What the job logged, with the
-    finals. The same code runs on CPU in the elastic tests (tests/test_elastic.py)."""
+    finals. The same training script kills and rejoins on CPU in tests/test_elastic.py (on the namespace lab)."""
     import os
     import signal
 
